@@ -1,0 +1,15 @@
+// The implementations of paged_attention, most capable first, the portable reference last. The
+// primitive_desc, the tests and the benchmark all walk this one list.
+#include "paged_attention_internal.hpp"
+
+namespace pagedattn {
+namespace detail {
+
+const paged_attention_implementation *const paged_attention_implementations[] = {
+        &paged_attention_ref,
+};
+const int paged_attention_implementation_count =
+        sizeof(paged_attention_implementations) / sizeof(paged_attention_implementations[0]);
+
+} // namespace detail
+} // namespace pagedattn

@@ -1,0 +1,124 @@
+#include "cpu_isa.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define PAGEDATTN_X86 1
+#include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+#endif
+
+namespace pagedattn {
+namespace {
+
+#ifdef PAGEDATTN_X86
+uint64_t read_xcr0() {
+    uint32_t eax, edx;
+    __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+    return (static_cast<uint64_t>(edx) << 32) | eax;
+}
+
+// Linux keeps AMX tile data disabled until the process asks for it.
+bool request_amx_permission() {
+#if defined(__linux__)
+    constexpr long arch_req_xcomp_perm = 0x1023;
+    constexpr long xfeature_xtiledata = 18;
+    return syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0;
+#else
+    return false;
+#endif
+}
+
+cpu_isa detect_host_cpu_isa() {
+    unsigned eax, ebx, ecx, edx;
+    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return cpu_isa::generic;
+    const bool fma = ecx & (1u << 12), osxsave = ecx & (1u << 27), f16c = ecx & (1u << 29);
+    if (!osxsave) return cpu_isa::generic;
+    const uint64_t xcr0 = read_xcr0();
+    if ((xcr0 & 0x6) != 0x6) return cpu_isa::generic;  // SSE and AVX state saved by the OS
+    unsigned max_leaf = __get_cpuid_max(0, nullptr);
+    if (max_leaf < 7) return cpu_isa::generic;
+    __cpuid_count(7, 0, eax, ebx, ecx, edx);
+    const bool avx2 = ebx & (1u << 5);
+    const bool avx512f = ebx & (1u << 16), avx512bw = ebx & (1u << 30), avx512vl = ebx & (1u << 31);
+    const bool amx_bf16 = edx & (1u << 22), amx_tile = edx & (1u << 24);
+    const unsigned leaf7_subleaves = eax;
+    bool avx512_bf16 = false;
+    if (leaf7_subleaves >= 1) {
+        unsigned a1, b1, c1, d1;
+        __cpuid_count(7, 1, a1, b1, c1, d1);
+        avx512_bf16 = a1 & (1u << 5);
+    }
+    if (!(avx2 && fma && f16c)) return cpu_isa::generic;
+    if (!(avx512f && avx512bw && avx512vl) || (xcr0 & 0xE0) != 0xE0) return cpu_isa::avx2;
+    if (!avx512_bf16) return cpu_isa::avx512;
+    if (!(amx_bf16 && amx_tile) || (xcr0 & 0x60000) != 0x60000 || !request_amx_permission())
+        return cpu_isa::avx512_bf16;
+    return cpu_isa::amx;
+}
+#else
+cpu_isa detect_host_cpu_isa() { return cpu_isa::generic; }
+#endif
+
+cpu_isa read_environment_cap() {
+    const char *value = std::getenv("PAGEDATTN_MAX_CPU_ISA");
+    if (!value || !*value) return cpu_isa::all;
+    cpu_isa isa;
+    if (detail::parse_cpu_isa(value, isa)) return isa;
+    std::fprintf(stderr,
+            "pagedattn: ignoring PAGEDATTN_MAX_CPU_ISA=%s (expected generic, avx2, avx512, avx512_bf16, amx "
+            "or all)\n",
+            value);
+    return cpu_isa::all;
+}
+
+} // namespace
+
+const char *cpu_isa_name(cpu_isa isa) {
+    switch (isa) {
+        case cpu_isa::generic: return "generic";
+        case cpu_isa::avx2: return "avx2";
+        case cpu_isa::avx512: return "avx512";
+        case cpu_isa::avx512_bf16: return "avx512_bf16";
+        case cpu_isa::amx: return "amx";
+        case cpu_isa::all: return "all";
+    }
+    return "unknown";
+}
+
+cpu_isa get_host_cpu_isa() {
+    static const cpu_isa host = detect_host_cpu_isa();
+    return host;
+}
+
+cpu_isa get_max_cpu_isa() {
+    static const cpu_isa cap = read_environment_cap();
+    return std::min(get_host_cpu_isa(), cap);
+}
+
+namespace detail {
+
+bool parse_cpu_isa(const char *name, cpu_isa &isa) {
+    std::string lower(name);
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+    for (cpu_isa candidate : {cpu_isa::generic, cpu_isa::avx2, cpu_isa::avx512, cpu_isa::avx512_bf16,
+                 cpu_isa::amx, cpu_isa::all}) {
+        if (lower == cpu_isa_name(candidate)) {
+            isa = candidate;
+            return true;
+        }
+    }
+    return false;
+}
+
+cpu_isa effective_cpu_isa(const primitive_attr &attr) { return std::min(get_max_cpu_isa(), attr.get_max_cpu_isa()); }
+
+} // namespace detail
+} // namespace pagedattn
