@@ -6,15 +6,16 @@
 namespace pagedattn {
 namespace detail {
 
-argument_checker::argument_checker(const char *primitive, const exec_args &args, const std::vector<int> &allowed)
+argument_checker::argument_checker(const char *primitive, const exec_args &args,
+                                   const std::vector<int> &allowed)
     : primitive_(primitive), args_(args) {
     for (const auto &entry : args) {
         if (std::find(allowed.begin(), allowed.end(), entry.first) != allowed.end()) continue;
         if (std::string(arg_name(entry.first)) == "unknown")
             throw_error(status::invalid_arguments, concat(primitive, ": unknown argument id ", entry.first));
         throw_error(status::invalid_arguments,
-                concat(primitive, ": argument ", arg_name(entry.first), " (id ", entry.first,
-                        ") is not expected by this primitive_desc"));
+                    concat(primitive, ": argument ", arg_name(entry.first), " (id ", entry.first,
+                           ") is not expected by this primitive_desc"));
     }
 }
 
@@ -37,42 +38,51 @@ const tensor *argument_checker::optional(int arg) const {
 
 void argument_checker::expect_type(const tensor &t, int arg, data_type expected) const {
     expect(t.get_desc().get_data_type() == expected, arg,
-            concat("data type ", data_type_name(t.get_desc().get_data_type()), ", expected ", data_type_name(expected)));
+           concat("data type ", data_type_name(t.get_desc().get_data_type()), ", expected ",
+                  data_type_name(expected)));
 }
 
-void argument_checker::expect_shape(const tensor &t, int arg, const dims &expected, const char *shape_text) const {
+void argument_checker::expect_shape(const tensor &t, int arg, const dims &expected,
+                                    const char *shape_text) const {
     const tensor_desc &d = t.get_desc();
     bool match = d.ndims() == static_cast<int>(expected.size());
     for (size_t i = 0; match && i < expected.size(); ++i)
         match = expected[i] == runtime_dim || expected[i] == d.get_dims()[i];
-    expect(match, arg, concat("dims ", dims_string(d.get_dims()), ", expected ", shape_text, " = ", dims_string(expected)));
-    for (dim v : d.get_dims()) expect(v >= 0 && v != runtime_dim, arg, "dims must be known and non-negative at execute");
-    for (dim s : d.get_strides()) expect(s >= 0, arg, "strides must be non-negative");
+    expect(match, arg,
+           concat("dims ", dims_string(d.get_dims()), ", expected ", shape_text, " = ",
+                  dims_string(expected)));
+    for (dim v : d.get_dims())
+        expect(v >= 0 && v != runtime_dim, arg, "dims must be known and non-negative at execute");
+    for (dim s : d.get_strides())
+        expect(s >= 0, arg, "strides must be non-negative");
     expect(d.ndims() == 0 || d.get_dims().back() <= 1 || d.get_strides().back() == 1, arg,
-            "the innermost dim must have unit stride");
+           "the innermost dim must have unit stride");
 }
 
 void argument_checker::expect_desc(const tensor &t, int arg, const tensor_desc &expected) const {
     expect(t.get_desc() == expected, arg,
-            concat("descriptor ", t.get_desc().str(), " differs from the primitive_desc's ", expected.str(),
-                    " (allocate it from query_md)"));
+           concat("descriptor ", t.get_desc().str(), " differs from the primitive_desc's ", expected.str(),
+                  " (allocate it from query_md)"));
 }
 
-void argument_checker::expect_scales(
-        const tensor &t, int arg, int mask, const dims &cache_dims, bool values_are_inputs) const {
+void argument_checker::expect_scales(const tensor &t, int arg, int mask, const dims &cache_dims,
+                                     bool values_are_inputs) const {
     dims expected;
-    if (mask == scales_per_tensor) expected = {1};
-    else if (mask == scales_per_kv_head) expected = {cache_dims[1]};
-    else expected = {cache_dims[0], cache_dims[1], cache_dims[2]};
+    if (mask == scales_per_tensor)
+        expected = { 1 };
+    else if (mask == scales_per_kv_head)
+        expected = { cache_dims[1] };
+    else
+        expected = { cache_dims[0], cache_dims[1], cache_dims[2] };
     expect_type(t, arg, data_type::f32);
     expect(t.get_desc().get_dims() == expected && t.get_desc() == tensor_desc(expected, data_type::f32), arg,
-            concat("dims ", dims_string(t.get_desc().get_dims()), ", expected dense ", dims_string(expected),
-                    " for scales mask ", mask));
+           concat("dims ", dims_string(t.get_desc().get_dims()), ", expected dense ", dims_string(expected),
+                  " for scales mask ", mask));
     if (!values_are_inputs) return;
     const float *values = static_cast<const float *>(t.get_data_handle());
     for (dim i = 0; i < t.get_desc().nelems(); ++i)
         expect(std::isfinite(values[i]) && values[i] > 0.f, arg,
-                concat("scale ", values[i], " at index ", i, " must be finite and > 0"));
+               concat("scale ", values[i], " at index ", i, " must be finite and > 0"));
 }
 
 namespace {
@@ -90,12 +100,14 @@ data_type from_dnnl(dnnl::memory::data_type dt) {
 } // namespace
 
 tensor tensor_from_memory(const char *primitive, int arg, const dnnl::memory &memory) {
-    if (!memory) throw_error(status::invalid_arguments, concat(primitive, ": argument ", arg_name(arg), ": empty dnnl::memory"));
+    if (!memory)
+        throw_error(status::invalid_arguments,
+                    concat(primitive, ": argument ", arg_name(arg), ": empty dnnl::memory"));
     const dnnl::memory::desc md = memory.get_desc();
     const dnnl_memory_desc_t &raw = md.data;
     if (raw.format_kind != dnnl_blocked || raw.format_desc.blocking.inner_nblks != 0)
-        throw_error(status::invalid_arguments,
-                concat(primitive, ": argument ", arg_name(arg), ": only plain strided dnnl::memory is accepted"));
+        throw_error(status::invalid_arguments, concat(primitive, ": argument ", arg_name(arg),
+                                                      ": only plain strided dnnl::memory is accepted"));
     dims d(raw.dims, raw.dims + raw.ndims);
     dims strides(raw.format_desc.blocking.strides, raw.format_desc.blocking.strides + raw.ndims);
     const data_type dt = from_dnnl(md.data_type());
@@ -104,13 +116,16 @@ tensor tensor_from_memory(const char *primitive, int arg, const dnnl::memory &me
     return tensor(tensor_desc(d, dt, strides), data);
 }
 
-tensor cache_tensor_from_memory(const char *primitive, int arg, const dnnl::memory &memory, const tensor_desc &desc) {
-    if (!memory) throw_error(status::invalid_arguments, concat(primitive, ": argument ", arg_name(arg), ": empty dnnl::memory"));
+tensor cache_tensor_from_memory(const char *primitive, int arg, const dnnl::memory &memory,
+                                const tensor_desc &desc) {
+    if (!memory)
+        throw_error(status::invalid_arguments,
+                    concat(primitive, ": argument ", arg_name(arg), ": empty dnnl::memory"));
     const size_t bytes = memory.get_desc().get_size();
     if (bytes < desc.get_size())
         throw_error(status::invalid_arguments,
-                concat(primitive, ": argument ", arg_name(arg), ": dnnl::memory of ", bytes, " bytes, the cache needs ",
-                        desc.get_size()));
+                    concat(primitive, ": argument ", arg_name(arg), ": dnnl::memory of ", bytes,
+                           " bytes, the cache needs ", desc.get_size()));
     return tensor(desc, memory.get_data_handle());
 }
 

@@ -1,8 +1,8 @@
 // Checking execute arguments: every rule broken names the primitive, the argument and the rule.
 #pragma once
 
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "error.hpp"
 
@@ -30,7 +30,8 @@ public:
     void expect_desc(const tensor &t, int arg, const tensor_desc &expected) const;
     /// Scales for an FP8 cache: f32 dense with the dims of `mask`; per-tensor and per-kv-head
     /// values (inputs) must be finite and > 0.
-    void expect_scales(const tensor &t, int arg, int mask, const dims &cache_dims, bool values_are_inputs) const;
+    void expect_scales(const tensor &t, int arg, int mask, const dims &cache_dims,
+                       bool values_are_inputs) const;
 
     const char *primitive() const { return primitive_; }
 
@@ -43,18 +44,20 @@ private:
 /// takes its descriptor from `cache_desc(arg)` and needs at least that many bytes.
 template <typename CacheDesc>
 exec_args tensors_from_memories(const char *primitive, const std::unordered_map<int, dnnl::memory> &args,
-        CacheDesc cache_desc);
+                                CacheDesc cache_desc);
 
 tensor tensor_from_memory(const char *primitive, int arg, const dnnl::memory &memory);
-tensor cache_tensor_from_memory(const char *primitive, int arg, const dnnl::memory &memory, const tensor_desc &desc);
+tensor cache_tensor_from_memory(const char *primitive, int arg, const dnnl::memory &memory,
+                                const tensor_desc &desc);
 
 template <typename CacheDesc>
 exec_args tensors_from_memories(const char *primitive, const std::unordered_map<int, dnnl::memory> &args,
-        CacheDesc cache_desc) {
+                                CacheDesc cache_desc) {
     exec_args out;
     for (const auto &entry : args) {
         const bool cache = entry.first == ARG_K_CACHE || entry.first == ARG_V_CACHE;
-        out[entry.first] = cache ? cache_tensor_from_memory(primitive, entry.first, entry.second, cache_desc(entry.first))
+        out[entry.first] = cache ? cache_tensor_from_memory(primitive, entry.first, entry.second,
+                                                            cache_desc(entry.first))
                                  : tensor_from_memory(primitive, entry.first, entry.second);
     }
     return out;

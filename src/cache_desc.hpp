@@ -19,7 +19,7 @@ tensor_desc resolve_cache_desc(const char *primitive, const char *what, const te
 
 /// The scales masks of `attr` are only for FP8 caches.
 void check_scales_attr(const char *primitive, const primitive_attr &attr, const tensor_desc &k_cache,
-        const tensor_desc &v_cache);
+                       const tensor_desc &v_cache);
 
 } // namespace detail
 } // namespace pagedattn

@@ -42,7 +42,7 @@ cpu_isa detect_host_cpu_isa() {
     const bool fma = ecx & (1u << 12), osxsave = ecx & (1u << 27), f16c = ecx & (1u << 29);
     if (!osxsave) return cpu_isa::generic;
     const uint64_t xcr0 = read_xcr0();
-    if ((xcr0 & 0x6) != 0x6) return cpu_isa::generic;  // SSE and AVX state saved by the OS
+    if ((xcr0 & 0x6) != 0x6) return cpu_isa::generic; // SSE and AVX state saved by the OS
     unsigned max_leaf = __get_cpuid_max(0, nullptr);
     if (max_leaf < 7) return cpu_isa::generic;
     __cpuid_count(7, 0, eax, ebx, ecx, edx);
@@ -64,7 +64,9 @@ cpu_isa detect_host_cpu_isa() {
     return cpu_isa::amx;
 }
 #else
-cpu_isa detect_host_cpu_isa() { return cpu_isa::generic; }
+cpu_isa detect_host_cpu_isa() {
+    return cpu_isa::generic;
+}
 #endif
 
 cpu_isa read_environment_cap() {
@@ -72,7 +74,8 @@ cpu_isa read_environment_cap() {
     if (!value || !*value) return cpu_isa::all;
     cpu_isa isa;
     if (detail::parse_cpu_isa(value, isa)) return isa;
-    std::fprintf(stderr,
+    std::fprintf(
+            stderr,
             "pagedattn: ignoring PAGEDATTN_MAX_CPU_ISA=%s (expected generic, avx2, avx512, avx512_bf16, amx "
             "or all)\n",
             value);
@@ -107,9 +110,10 @@ namespace detail {
 
 bool parse_cpu_isa(const char *name, cpu_isa &isa) {
     std::string lower(name);
-    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
-    for (cpu_isa candidate : {cpu_isa::generic, cpu_isa::avx2, cpu_isa::avx512, cpu_isa::avx512_bf16,
-                 cpu_isa::amx, cpu_isa::all}) {
+    std::transform(lower.begin(), lower.end(), lower.begin(),
+                   [](unsigned char c) { return std::tolower(c); });
+    for (cpu_isa candidate : { cpu_isa::generic, cpu_isa::avx2, cpu_isa::avx512, cpu_isa::avx512_bf16,
+                               cpu_isa::amx, cpu_isa::all }) {
         if (lower == cpu_isa_name(candidate)) {
             isa = candidate;
             return true;
@@ -118,7 +122,9 @@ bool parse_cpu_isa(const char *name, cpu_isa &isa) {
     return false;
 }
 
-cpu_isa effective_cpu_isa(const primitive_attr &attr) { return std::min(get_max_cpu_isa(), attr.get_max_cpu_isa()); }
+cpu_isa effective_cpu_isa(const primitive_attr &attr) {
+    return std::min(get_max_cpu_isa(), attr.get_max_cpu_isa());
+}
 
 } // namespace detail
 } // namespace pagedattn

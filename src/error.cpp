@@ -10,7 +10,9 @@ error::error(pagedattn::status s, const std::string &message)
 
 namespace detail {
 
-void throw_error(status s, const std::string &message) { throw error(s, message); }
+void throw_error(status s, const std::string &message) {
+    throw error(s, message);
+}
 
 std::string dims_string(const dims &d) {
     std::string out = "[";

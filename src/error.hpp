@@ -12,8 +12,7 @@ namespace detail {
 [[noreturn]] void throw_error(status s, const std::string &message);
 
 /// Concatenates its arguments with operator<< into one message.
-template <typename... Parts>
-std::string concat(const Parts &...parts) {
+template <typename... Parts> std::string concat(const Parts &...parts) {
     std::ostringstream out;
     (out << ... << parts);
     return out.str();

@@ -16,8 +16,8 @@ struct small_float_format {
     uint32_t nan_code;
 };
 
-constexpr small_float_format e4m3_format {3, 7, 0x7E, 0x7F};
-constexpr small_float_format e5m2_format {2, 15, 0x7B, 0x7E};
+constexpr small_float_format e4m3_format { 3, 7, 0x7E, 0x7F };
+constexpr small_float_format e5m2_format { 2, 15, 0x7B, 0x7E };
 
 // Rounds an f32 to the format, ties to even, saturating to the largest finite value.
 uint8_t encode_small_float(float x, const small_float_format &f) {
@@ -28,7 +28,7 @@ uint8_t encode_small_float(float x, const small_float_format &f) {
     if (magnitude == 0x7F800000) return static_cast<uint8_t>(sign | f.max_finite_code);
 
     const int min_normal_exponent = 1 - f.bias;
-    const int f32_exponent = static_cast<int>(magnitude >> 23) - 127;  // -127 for f32 subnormals
+    const int f32_exponent = static_cast<int>(magnitude >> 23) - 127; // -127 for f32 subnormals
     uint32_t code;
     if (f32_exponent < min_normal_exponent) {
         // Subnormal in the target: count units of 2^(min_normal_exponent - mantissa_bits). The
@@ -37,14 +37,14 @@ uint8_t encode_small_float(float x, const small_float_format &f) {
         const float whole = std::floor(units);
         const float fraction = units - whole;
         code = static_cast<uint32_t>(whole);
-        if (fraction > 0.5f || (fraction == 0.5f && (code & 1))) ++code;  // 2^M carries into E = 1
+        if (fraction > 0.5f || (fraction == 0.5f && (code & 1))) ++code; // 2^M carries into E = 1
     } else {
         const int drop = 23 - f.mantissa_bits;
         const uint32_t mantissa = magnitude & 0x7FFFFF;
         code = (static_cast<uint32_t>(f32_exponent + f.bias) << f.mantissa_bits) | (mantissa >> drop);
         const uint32_t rest = mantissa & ((1u << drop) - 1);
         const uint32_t half = 1u << (drop - 1);
-        if (rest > half || (rest == half && (code & 1))) ++code;  // a carry moves into the exponent
+        if (rest > half || (rest == half && (code & 1))) ++code; // a carry moves into the exponent
     }
     if (code > f.max_finite_code) code = f.max_finite_code;
     return static_cast<uint8_t>(sign | code);
@@ -65,13 +65,12 @@ float decode_small_float(uint8_t code, const small_float_format &f, bool has_inf
         value = std::ldexp(static_cast<float>(mantissa), 1 - f.bias - f.mantissa_bits);
     } else {
         value = std::ldexp(static_cast<float>((1u << f.mantissa_bits) | mantissa),
-                static_cast<int>(exponent_field) - f.bias - f.mantissa_bits);
+                           static_cast<int>(exponent_field) - f.bias - f.mantissa_bits);
     }
     return negative ? -value : value;
 }
 
-template <bool is_e4m3>
-std::array<float, 256> make_decode_table() {
+template <bool is_e4m3> std::array<float, 256> make_decode_table() {
     std::array<float, 256> table {};
     for (int c = 0; c < 256; ++c)
         table[c] = decode_small_float(static_cast<uint8_t>(c), is_e4m3 ? e4m3_format : e5m2_format, !is_e4m3);
@@ -83,10 +82,18 @@ const std::array<float, 256> e5m2_table = make_decode_table<false>();
 
 } // namespace
 
-uint8_t encode_e4m3(float x) { return encode_small_float(x, e4m3_format); }
-uint8_t encode_e5m2(float x) { return encode_small_float(x, e5m2_format); }
-float decode_e4m3(uint8_t code) { return e4m3_table[code]; }
-float decode_e5m2(uint8_t code) { return e5m2_table[code]; }
+uint8_t encode_e4m3(float x) {
+    return encode_small_float(x, e4m3_format);
+}
+uint8_t encode_e5m2(float x) {
+    return encode_small_float(x, e5m2_format);
+}
+float decode_e4m3(uint8_t code) {
+    return e4m3_table[code];
+}
+float decode_e5m2(uint8_t code) {
+    return e5m2_table[code];
+}
 
 float fp8_max(data_type dt) {
     if (dt == data_type::f8_e4m3) return 448.f;
@@ -118,7 +125,7 @@ uint16_t f32_to_f16(float x) {
     const uint32_t sign = (bits >> 16) & 0x8000;
     const uint32_t magnitude = bits & 0x7FFFFFFF;
     if (magnitude > 0x7F800000) return static_cast<uint16_t>(sign | 0x7E00 | ((magnitude >> 13) & 0x3FF));
-    if (magnitude >= 0x477FF000) return static_cast<uint16_t>(sign | 0x7C00);  // rounds past 65504
+    if (magnitude >= 0x477FF000) return static_cast<uint16_t>(sign | 0x7C00); // rounds past 65504
     const int exponent = static_cast<int>(magnitude >> 23) - 127;
     uint32_t code;
     if (exponent < -14) {
@@ -162,19 +169,24 @@ void store_from_f32(void *base, data_type dt, int64_t i, float x) {
 void convert_row_to_f32(const void *src, data_type dt, int64_t n, float scale, float *dst) {
     switch (dt) {
         case data_type::f32:
-            for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<const float *>(src)[i] * scale;
+            for (int64_t i = 0; i < n; ++i)
+                dst[i] = static_cast<const float *>(src)[i] * scale;
             break;
         case data_type::bf16:
-            for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(static_cast<const uint16_t *>(src)[i]) * scale;
+            for (int64_t i = 0; i < n; ++i)
+                dst[i] = bf16_to_f32(static_cast<const uint16_t *>(src)[i]) * scale;
             break;
         case data_type::f16:
-            for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(static_cast<const uint16_t *>(src)[i]) * scale;
+            for (int64_t i = 0; i < n; ++i)
+                dst[i] = f16_to_f32(static_cast<const uint16_t *>(src)[i]) * scale;
             break;
         case data_type::f8_e4m3:
-            for (int64_t i = 0; i < n; ++i) dst[i] = e4m3_table[static_cast<const uint8_t *>(src)[i]] * scale;
+            for (int64_t i = 0; i < n; ++i)
+                dst[i] = e4m3_table[static_cast<const uint8_t *>(src)[i]] * scale;
             break;
         case data_type::f8_e5m2:
-            for (int64_t i = 0; i < n; ++i) dst[i] = e5m2_table[static_cast<const uint8_t *>(src)[i]] * scale;
+            for (int64_t i = 0; i < n; ++i)
+                dst[i] = e5m2_table[static_cast<const uint8_t *>(src)[i]] * scale;
             break;
         default: break;
     }
@@ -183,13 +195,16 @@ void convert_row_to_f32(const void *src, data_type dt, int64_t n, float scale, f
 void convert_row_from_f32(const float *src, int64_t n, float scale, data_type dt, void *dst) {
     switch (dt) {
         case data_type::f8_e4m3:
-            for (int64_t i = 0; i < n; ++i) static_cast<uint8_t *>(dst)[i] = encode_e4m3(src[i] / scale);
+            for (int64_t i = 0; i < n; ++i)
+                static_cast<uint8_t *>(dst)[i] = encode_e4m3(src[i] / scale);
             break;
         case data_type::f8_e5m2:
-            for (int64_t i = 0; i < n; ++i) static_cast<uint8_t *>(dst)[i] = encode_e5m2(src[i] / scale);
+            for (int64_t i = 0; i < n; ++i)
+                static_cast<uint8_t *>(dst)[i] = encode_e5m2(src[i] / scale);
             break;
         default:
-            for (int64_t i = 0; i < n; ++i) store_from_f32(dst, dt, i, src[i]);
+            for (int64_t i = 0; i < n; ++i)
+                store_from_f32(dst, dt, i, src[i]);
             break;
     }
 }

@@ -27,7 +27,9 @@ float decode_e5m2(uint8_t code);
 
 /// 448 for f8_e4m3, 57344 for f8_e5m2, 0 for other types.
 float fp8_max(data_type dt);
-inline bool is_fp8(data_type dt) { return dt == data_type::f8_e4m3 || dt == data_type::f8_e5m2; }
+inline bool is_fp8(data_type dt) {
+    return dt == data_type::f8_e4m3 || dt == data_type::f8_e5m2;
+}
 
 inline uint32_t float_bits(float x) {
     uint32_t u;
@@ -40,7 +42,9 @@ inline float bits_float(uint32_t u) {
     return x;
 }
 
-inline float bf16_to_f32(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
+inline float bf16_to_f32(uint16_t h) {
+    return bits_float(static_cast<uint32_t>(h) << 16);
+}
 uint16_t f32_to_bf16(float x);
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float x);

@@ -9,7 +9,9 @@ const detail::primitive_desc_state &checked(const std::shared_ptr<detail::primit
 }
 } // namespace
 
-const char *primitive_desc_base::impl_info_str() const { return checked(state_).impl_name; }
+const char *primitive_desc_base::impl_info_str() const {
+    return checked(state_).impl_name;
+}
 
 bool primitive_desc_base::next_impl() {
     auto next = checked(state_).next();
@@ -26,24 +28,28 @@ tensor_desc primitive_desc_base::query_md(int arg) const {
 tensor_desc primitive_desc_base::scratchpad_desc() const {
     const auto &state = checked(state_);
     if (state.attr.get_scratchpad_mode() != scratchpad_mode::user) return tensor_desc();
-    return tensor_desc({static_cast<dim>(state.scratchpad_bytes())}, data_type::u8);
+    return tensor_desc({ static_cast<dim>(state.scratchpad_bytes()) }, data_type::u8);
 }
 
-dnnl::engine primitive_desc_base::get_engine() const { return checked(state_).engine; }
+dnnl::engine primitive_desc_base::get_engine() const {
+    return checked(state_).engine;
+}
 
-const primitive_attr &primitive_desc_base::get_primitive_attr() const { return checked(state_).attr; }
+const primitive_attr &primitive_desc_base::get_primitive_attr() const {
+    return checked(state_).attr;
+}
 
 namespace detail {
 
 size_t primitive_desc_state::scratchpad_bytes() const {
     const size_t per_thread = (scratch_bytes_per_thread + 63) / 64 * 64;
-    return per_thread * static_cast<size_t>(max_threads) + (per_thread ? 64 : 0);  // + alignment slack
+    return per_thread * static_cast<size_t>(max_threads) + (per_thread ? 64 : 0); // + alignment slack
 }
 
 void check_engine(const char *primitive, const dnnl::engine &engine) {
     if (!engine || engine.get_kind() != dnnl::engine::kind::cpu)
         throw_error(status::invalid_arguments,
-                concat(primitive, ": engine: expected a oneDNN CPU engine (dnnl::engine::kind::cpu)"));
+                    concat(primitive, ": engine: expected a oneDNN CPU engine (dnnl::engine::kind::cpu)"));
 }
 
 } // namespace detail

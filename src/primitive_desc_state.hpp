@@ -34,16 +34,20 @@ struct primitive_desc_state {
 /// `std::string (*decline)(const Problem &, const primitive_attr &)` (empty = accepts).
 template <typename Implementation, typename Problem>
 int find_implementation(const Implementation *const *list, int count, int first, const char *primitive,
-        const Problem &problem, const primitive_attr &attr) {
+                        const Problem &problem, const primitive_attr &attr) {
     const cpu_isa cap = effective_cpu_isa(attr);
     for (int i = first; i < count; ++i) {
         const Implementation &impl = *list[i];
         std::string reason;
-        if (impl.isa > get_host_cpu_isa()) reason = concat("the host lacks ", cpu_isa_name(impl.isa));
-        else if (impl.isa > cap) reason = concat("ISA capped at ", cpu_isa_name(cap));
-        else reason = impl.decline(problem, attr);
+        if (impl.isa > get_host_cpu_isa())
+            reason = concat("the host lacks ", cpu_isa_name(impl.isa));
+        else if (impl.isa > cap)
+            reason = concat("ISA capped at ", cpu_isa_name(cap));
+        else
+            reason = impl.decline(problem, attr);
         if (reason.empty()) return i;
-        if (get_verbose() >= 3) verbose_print(concat("create:dispatch,", primitive, ",", impl.name, ",", reason));
+        if (get_verbose() >= 3)
+            verbose_print(concat("create:dispatch,", primitive, ",", impl.name, ",", reason));
     }
     return -1;
 }

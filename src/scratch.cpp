@@ -25,7 +25,7 @@ struct library_scratch::buffers {
 };
 
 library_scratch::library_scratch(size_t bytes_per_thread)
-    : buffers_(new buffers {(bytes_per_thread + 63) / 64 * 64, {}}) {}
+    : buffers_(new buffers { (bytes_per_thread + 63) / 64 * 64, {} }) {}
 
 library_scratch::~library_scratch() = default;
 
@@ -38,19 +38,21 @@ char *library_scratch::local() {
     return buffer.get();
 }
 
-thread_scratch::thread_scratch(const char *primitive, void *base, size_t size, size_t bytes_per_thread, int slots)
+thread_scratch::thread_scratch(const char *primitive, void *base, size_t size, size_t required,
+                               size_t bytes_per_thread, int slots)
     : stride_((bytes_per_thread + 63) / 64 * 64) {
+    if (size < required)
+        throw_error(status::invalid_arguments,
+                    concat(primitive, ": argument scratchpad: ", size, " bytes are fewer than the ", required,
+                           " of scratchpad_desc()"));
     const int threads = current_max_threads();
     if (threads > slots)
         throw_error(status::invalid_arguments,
-                concat(primitive, ": argument scratchpad: the primitive_desc sized it for ", slots,
-                        " threads, but this arena runs ", threads, "; create the primitive_desc in this arena"));
+                    concat(primitive, ": argument scratchpad: the primitive_desc sized it for ", slots,
+                           " threads, but this arena runs ", threads,
+                           "; create the primitive_desc in this arena"));
     const uintptr_t address = reinterpret_cast<uintptr_t>(base);
-    const uintptr_t aligned = (address + 63) / 64 * 64;
-    if (stride_ && (aligned - address) + stride_ * static_cast<size_t>(threads) > size)
-        throw_error(status::invalid_arguments, concat(primitive, ": argument scratchpad: ", size,
-                                                       " bytes are fewer than scratchpad_desc() asks for"));
-    base_ = reinterpret_cast<char *>(aligned);
+    base_ = reinterpret_cast<char *>((address + 63) / 64 * 64);
 }
 
 char *thread_scratch::get() const {
@@ -59,7 +61,9 @@ char *thread_scratch::get() const {
     return base_ + stride_ * static_cast<size_t>(slot < 0 ? 0 : slot);
 }
 
-int current_max_threads() { return tbb::this_task_arena::max_concurrency(); }
+int current_max_threads() {
+    return tbb::this_task_arena::max_concurrency();
+}
 
 } // namespace detail
 } // namespace pagedattn

@@ -27,9 +27,11 @@ class thread_scratch {
 public:
     /// Library mode.
     explicit thread_scratch(library_scratch *library) : library_(library) {}
-    /// User mode: `base` holds `slots` slots of `bytes_per_thread` (rounded up to 64) bytes. Throws
-    /// when the calling arena has more threads than slots.
-    thread_scratch(const char *primitive, void *base, size_t size, size_t bytes_per_thread, int slots);
+    /// User mode: `base` holds `required` bytes: `slots` slots of `bytes_per_thread` (rounded up to
+    /// 64) plus alignment slack. Throws when `size` is smaller or the calling arena has more
+    /// threads than slots.
+    thread_scratch(const char *primitive, void *base, size_t size, size_t required, size_t bytes_per_thread,
+                   int slots);
     /// 64-byte aligned scratch of the calling thread.
     char *get() const;
 

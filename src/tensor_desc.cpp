@@ -37,6 +37,7 @@ const char *data_type_name(data_type dt) {
 const char *layout_name(layout l) {
     switch (l) {
         case layout::plain: return "plain";
+        case layout::packed: return "packed";
         case layout::any: return "any";
     }
     return "unknown";
@@ -69,23 +70,33 @@ dims dense_strides(const dims &d) {
     dim stride = 1;
     for (size_t i = d.size(); i-- > 0;) {
         strides[i] = stride;
-        if (d[i] == runtime_dim || stride == runtime_dim) stride = runtime_dim;
-        else stride *= std::max<dim>(d[i], 1);
+        if (d[i] == runtime_dim || stride == runtime_dim)
+            stride = runtime_dim;
+        else
+            stride *= std::max<dim>(d[i], 1);
     }
     return strides;
 }
 } // namespace
 
-tensor_desc::tensor_desc(const dims &d, data_type dt) : dims_(d), strides_(dense_strides(d)), data_type_(dt) {}
+tensor_desc::tensor_desc(const dims &d, data_type dt)
+    : dims_(d), strides_(dense_strides(d)), data_type_(dt) {}
 
 tensor_desc::tensor_desc(const dims &d, data_type dt, const dims &strides)
     : dims_(d), strides_(strides), data_type_(dt) {
     if (strides.size() != d.size())
-        detail::throw_error(status::invalid_arguments,
-                detail::concat("tensor_desc: ", d.size(), " dims but ", strides.size(), " strides"));
+        detail::throw_error(status::invalid_arguments, detail::concat("tensor_desc: ", d.size(), " dims but ",
+                                                                      strides.size(), " strides"));
 }
 
-tensor_desc::tensor_desc(const dims &d, data_type dt, layout l) : tensor_desc(d, dt) { layout_ = l; }
+tensor_desc::tensor_desc(const dims &d, data_type dt, layout l) : tensor_desc(d, dt) {
+    layout_ = l;
+}
+
+tensor_desc::tensor_desc(const dims &d, data_type dt, const dims &strides, layout l)
+    : tensor_desc(d, dt, strides) {
+    layout_ = l;
+}
 
 bool tensor_desc::has_runtime_dims() const {
     return std::find(dims_.begin(), dims_.end(), runtime_dim) != dims_.end();
@@ -94,13 +105,14 @@ bool tensor_desc::has_runtime_dims() const {
 dim tensor_desc::nelems() const {
     if (dims_.empty() || has_runtime_dims()) return 0;
     dim n = 1;
-    for (dim d : dims_) n *= d;
+    for (dim d : dims_)
+        n *= d;
     return n;
 }
 
 size_t tensor_desc::get_size() const {
     if (nelems() <= 0) return 0;
-    dim last = 0;  // offset of the farthest element, in elements
+    dim last = 0; // offset of the farthest element, in elements
     for (size_t i = 0; i < dims_.size(); ++i) {
         if (strides_[i] == runtime_dim) return 0;
         last += (dims_[i] - 1) * std::abs(strides_[i]);
@@ -110,7 +122,7 @@ size_t tensor_desc::get_size() const {
 
 bool tensor_desc::operator==(const tensor_desc &other) const {
     return dims_ == other.dims_ && strides_ == other.strides_ && data_type_ == other.data_type_ &&
-            layout_ == other.layout_;
+           layout_ == other.layout_;
 }
 
 std::string tensor_desc::str() const {

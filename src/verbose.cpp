@@ -17,14 +17,26 @@ std::atomic<int> &verbose_level() {
 
 } // namespace
 
-int get_verbose() { return verbose_level().load(std::memory_order_relaxed); }
-void set_verbose(int level) { verbose_level().store(level, std::memory_order_relaxed); }
+int get_verbose() {
+    return verbose_level().load(std::memory_order_relaxed);
+}
+void set_verbose(int level) {
+    verbose_level().store(level, std::memory_order_relaxed);
+}
 
 namespace detail {
 
 void verbose_print(const std::string &line) {
     const std::string whole = "pagedattn_verbose," + line + "\n";
     std::fwrite(whole.data(), 1, whole.size(), stderr);
+}
+
+std::string milliseconds_since(std::chrono::steady_clock::time_point start) {
+    const double ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    char text[32];
+    std::snprintf(text, sizeof text, "%.4f", ms);
+    return text;
 }
 
 std::string attr_string(const primitive_attr &attr) {
@@ -39,7 +51,8 @@ std::string attr_string(const primitive_attr &attr) {
     }
     out += attr.get_fpmath_mode() == fpmath_mode::strict ? "attr-fpmath:strict" : "attr-fpmath:bf16";
     if (attr.get_scratchpad_mode() == scratchpad_mode::user) out += " attr-scratchpad:user";
-    if (attr.get_max_cpu_isa() != cpu_isa::all) out += std::string(" attr-isa:") + cpu_isa_name(attr.get_max_cpu_isa());
+    if (attr.get_max_cpu_isa() != cpu_isa::all)
+        out += std::string(" attr-isa:") + cpu_isa_name(attr.get_max_cpu_isa());
     return out;
 }
 

@@ -17,9 +17,8 @@ void verbose_print(const std::string &line);
 /// "attr-scales:k_cache:7+v_cache:0 attr-fpmath:strict attr-scratchpad:user attr-isa:all"
 std::string attr_string(const primitive_attr &attr);
 
-inline double milliseconds_since(std::chrono::steady_clock::time_point start) {
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-}
+/// Milliseconds since `start`, in fixed notation ("0.0420"), as the last field of a line.
+std::string milliseconds_since(std::chrono::steady_clock::time_point start);
 
 } // namespace detail
 } // namespace pagedattn

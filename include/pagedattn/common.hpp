@@ -43,7 +43,7 @@ public:
 
 private:
     pagedattn::status status_;
-    std::shared_ptr<const std::string> text_;  // shared so that copies keep the base's pointer valid
+    std::shared_ptr<const std::string> text_; // shared so that copies keep the base's pointer valid
 };
 
 /// Values equal oneDNN 3.x dnnl_data_type_t; s64 has no oneDNN value and sits outside its range.
@@ -70,8 +70,18 @@ enum class layout : int {
     /// Strided: caller-given element strides for blocks, heads and tokens, unit stride on the head
     /// dim. Covers head-major (HND), token-major (NHD) and K/V interleaved in one allocation.
     plain = 0,
-    /// Let the primitive_desc choose. Resolved from the cache's dims and data type alone, never
-    /// from the machine, so that every primitive agrees: today that is dense plain (HND).
+    /// Blocked for pair products (vdpbf16ps, AMX tiles), the same on every machine. Each (block,
+    /// head) region holds block_size * head_size contiguous elements; blocks and heads keep
+    /// caller-set strides (multiples of 64 bytes). Inside a region, with t the token and d the dim:
+    ///   K element (t, d) at (t / 16) * 16 * head_size + (d / 2) * 32 + (t % 16) * 2 + d % 2
+    ///     (rows of 16 tokens x a pair of dims),
+    ///   V element (t, d) at (d / 16) * 16 * block_size + (t / 2) * 32 + (d % 16) * 2 + t % 2
+    ///     (rows of 16 dims x a pair of tokens).
+    /// FP8 caches use the same element order with 1-byte elements. Needs block_size % 16 == 0 and
+    /// head_size % 16 == 0.
+    packed = 1,
+    /// Let the primitive_desc choose, from the cache's dims and data type alone (never from the
+    /// machine), so that every primitive agrees: packed where it applies, dense plain otherwise.
     any = 2,
 };
 const char *layout_name(layout l);
@@ -84,9 +94,12 @@ public:
     /// Dense row-major strides. A runtime_dim leaves dims and strides to execute.
     tensor_desc(const dims &sizes, data_type dt);
     tensor_desc(const dims &sizes, data_type dt, const dims &strides);
-    /// A KV cache of layout `l`: `plain` gets dense HND strides, `any` is resolved by the
+    /// A KV cache of layout `l` with dense strides (plain: HND); `any` is resolved by the
     /// primitive_desc (see its query_md).
     tensor_desc(const dims &sizes, data_type dt, layout l);
+    /// A KV cache of layout `l` with caller-set strides (packed: only the block and head strides
+    /// are free; the token and dim strides are head_size and 1).
+    tensor_desc(const dims &sizes, data_type dt, const dims &strides, layout l);
 
     int ndims() const { return static_cast<int>(dims_.size()); }
     const dims &get_dims() const { return dims_; }
@@ -115,6 +128,7 @@ public:
     tensor() = default;
     tensor(const tensor_desc &desc, void *data) : desc_(desc), data_(data) {}
     tensor(const tensor_desc &desc, const void *data) : desc_(desc), data_(const_cast<void *>(data)) {}
+    tensor(const tensor_desc &desc, std::nullptr_t) : desc_(desc) {}
     const tensor_desc &get_desc() const { return desc_; }
     void *get_data_handle() const { return data_; }
 
@@ -176,8 +190,8 @@ enum class fpmath_mode { strict, bf16 };
 /// Scales masks, as oneDNN 3.x set_scales_mask on the cache argument (bit i = varies along
 /// logical dim i of [num_blocks, kv_heads, block_size, head_size]).
 enum : int {
-    scales_per_tensor = 0,               ///< f32 [1]
-    scales_per_kv_head = 1 << 1,         ///< f32 [kv_heads]
+    scales_per_tensor = 0,                             ///< f32 [1]
+    scales_per_kv_head = 1 << 1,                       ///< f32 [kv_heads]
     scales_per_token = (1 << 0) | (1 << 1) | (1 << 2), ///< f32 [num_blocks, kv_heads, block_size]
 };
 

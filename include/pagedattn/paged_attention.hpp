@@ -42,7 +42,7 @@ public:
         /// query and dst: [T, Hq, D], T a runtime_dim (or fixed); k_cache and v_cache:
         /// [num_blocks, Hkv, block_size, D] with a layout. Validated here.
         desc(const tensor_desc &query, const tensor_desc &k_cache, const tensor_desc &v_cache,
-                const tensor_desc &dst, const options &opts = options());
+             const tensor_desc &dst, const options &opts = options());
         const tensor_desc &query() const { return query_; }
         const tensor_desc &k_cache() const { return k_cache_; }
         const tensor_desc &v_cache() const { return v_cache_; }
@@ -59,8 +59,8 @@ public:
         primitive_desc() = default;
         /// Walks the implementation list and keeps the first that accepts. Throws unimplemented
         /// when none does, unless allow_empty (then the pd is empty: operator bool is false).
-        primitive_desc(const dnnl::engine &engine, const desc &d, const primitive_attr &attr = primitive_attr(),
-                bool allow_empty = false);
+        primitive_desc(const dnnl::engine &engine, const desc &d,
+                       const primitive_attr &attr = primitive_attr(), bool allow_empty = false);
         const desc &get_desc() const;
     };
 
@@ -76,7 +76,7 @@ public:
 
 private:
     primitive_desc pd_;
-    std::shared_ptr<void> resources_;  // per-thread scratch of scratchpad_mode::library
+    std::shared_ptr<void> resources_; // per-thread scratch of scratchpad_mode::library
 };
 
 } // namespace pagedattn

@@ -21,7 +21,7 @@ public:
         /// key, value: [T, Hkv, D] (T a runtime_dim or fixed); caches [num_blocks, Hkv, block_size,
         /// D] with a layout.
         desc(const tensor_desc &key, const tensor_desc &value, const tensor_desc &k_cache,
-                const tensor_desc &v_cache);
+             const tensor_desc &v_cache);
         const tensor_desc &key() const { return key_; }
         const tensor_desc &value() const { return value_; }
         const tensor_desc &k_cache() const { return k_cache_; }
@@ -34,8 +34,8 @@ public:
     class primitive_desc : public primitive_desc_base {
     public:
         primitive_desc() = default;
-        primitive_desc(const dnnl::engine &engine, const desc &d, const primitive_attr &attr = primitive_attr(),
-                bool allow_empty = false);
+        primitive_desc(const dnnl::engine &engine, const desc &d,
+                       const primitive_attr &attr = primitive_attr(), bool allow_empty = false);
         const desc &get_desc() const;
     };
 

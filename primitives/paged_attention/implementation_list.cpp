@@ -6,7 +6,11 @@ namespace pagedattn {
 namespace detail {
 
 const paged_attention_implementation *const paged_attention_implementations[] = {
-        &paged_attention_ref,
+#if PAGEDATTN_X64
+    &paged_attention_avx512,
+    &paged_attention_avx2,
+#endif
+    &paged_attention_ref,
 };
 const int paged_attention_implementation_count =
         sizeof(paged_attention_implementations) / sizeof(paged_attention_implementations[0]);

@@ -21,7 +21,8 @@ constexpr const char *primitive_name = "paged_attention";
 }
 
 void validate_activation(const char *what, const tensor_desc &d) {
-    if (d.ndims() != 3) fail_desc(what, concat("expected 3 dims [T, Hq, D], got ", dims_string(d.get_dims())));
+    if (d.ndims() != 3)
+        fail_desc(what, concat("expected 3 dims [T, Hq, D], got ", dims_string(d.get_dims())));
     if (!is_activation_type(d.get_data_type()))
         fail_desc(what, concat("data type ", data_type_name(d.get_data_type()), " is not f32, bf16 or f16"));
     const dims &x = d.get_dims();
@@ -30,13 +31,17 @@ void validate_activation(const char *what, const tensor_desc &d) {
     if (x[2] < 1 || x[2] > max_head_size) fail_desc(what, concat("head size ", x[2], " is outside [1, 512]"));
 }
 
-tensor_desc resolve_cache(const char *what, const tensor_desc &d) { return resolve_cache_desc(primitive_name, what, d); }
+tensor_desc resolve_cache(const char *what, const tensor_desc &d) {
+    return resolve_cache_desc(primitive_name, what, d);
+}
 
 std::string problem_string(const paged_attention_problem &p) {
     const auto &o = p.options;
-    std::string out = concat("hq", p.q_heads, ":hkv", p.kv_heads, ":d", p.head_size, ":bs", p.block_size, ":nb",
-            p.num_blocks, " scale:", o.softmax_scale, o.causal ? " causal" : " noncausal");
-    if (o.window_left >= 0 || o.window_right >= 0) out += concat(" window:", o.window_left, ":", o.window_right);
+    std::string out =
+            concat("hq", p.q_heads, ":hkv", p.kv_heads, ":d", p.head_size, ":bs", p.block_size, ":nb",
+                   p.num_blocks, " scale:", o.softmax_scale, o.causal ? " causal" : " noncausal");
+    if (o.window_left >= 0 || o.window_right >= 0)
+        out += concat(" window:", o.window_left, ":", o.window_right);
     if (o.soft_cap > 0.f) out += concat(" softcap:", o.soft_cap);
     if (o.alibi_slopes) out += " alibi";
     if (o.sinks) out += " sinks";
@@ -50,7 +55,9 @@ struct pd_state : primitive_desc_state {
 
     pd_state(const paged_attention::desc &d) : desc(d) {}
 
-    const paged_attention_implementation &implementation() const { return *paged_attention_implementations[impl_index]; }
+    const paged_attention_implementation &implementation() const {
+        return *paged_attention_implementations[impl_index];
+    }
 
     tensor_desc query_md(int arg) const override {
         switch (arg) {
@@ -58,28 +65,32 @@ struct pd_state : primitive_desc_state {
             case ARG_DST: return desc.dst();
             case ARG_K_CACHE: return problem.k_cache;
             case ARG_V_CACHE: return problem.v_cache;
-            case ARG_BLOCK_TABLE: return tensor_desc({runtime_dim, runtime_dim}, data_type::s32);
-            case ARG_SEQ_LENS: return tensor_desc({runtime_dim}, data_type::s32);
-            case ARG_QUERY_START_LOC: return tensor_desc({runtime_dim}, data_type::s32);
+            case ARG_BLOCK_TABLE: return tensor_desc({ runtime_dim, runtime_dim }, data_type::s32);
+            case ARG_SEQ_LENS: return tensor_desc({ runtime_dim }, data_type::s32);
+            case ARG_QUERY_START_LOC: return tensor_desc({ runtime_dim }, data_type::s32);
             case ARG_ALIBI_SLOPES:
-                return problem.options.alibi_slopes ? tensor_desc({problem.q_heads}, data_type::f32) : tensor_desc();
+                return problem.options.alibi_slopes ? tensor_desc({ problem.q_heads }, data_type::f32)
+                                                    : tensor_desc();
             case ARG_SINKS:
-                return problem.options.sinks ? tensor_desc({problem.q_heads}, data_type::f32) : tensor_desc();
+                return problem.options.sinks ? tensor_desc({ problem.q_heads }, data_type::f32)
+                                             : tensor_desc();
             case ARG_K_SCALES:
             case ARG_V_SCALES: {
                 const int mask = arg == ARG_K_SCALES ? problem.k_scales_mask : problem.v_scales_mask;
                 if (mask < 0) return tensor_desc();
-                if (mask == scales_per_tensor) return tensor_desc({1}, data_type::f32);
-                if (mask == scales_per_kv_head) return tensor_desc({problem.kv_heads}, data_type::f32);
-                return tensor_desc({problem.num_blocks, problem.kv_heads, problem.block_size}, data_type::f32);
+                if (mask == scales_per_tensor) return tensor_desc({ 1 }, data_type::f32);
+                if (mask == scales_per_kv_head) return tensor_desc({ problem.kv_heads }, data_type::f32);
+                return tensor_desc({ problem.num_blocks, problem.kv_heads, problem.block_size },
+                                   data_type::f32);
             }
             default: return tensor_desc();
         }
     }
 
     bool select(int first) {
-        impl_index = find_implementation(paged_attention_implementations, paged_attention_implementation_count,
-                first, primitive_name, problem, attr);
+        impl_index =
+                find_implementation(paged_attention_implementations, paged_attention_implementation_count,
+                                    first, primitive_name, problem, attr);
         if (impl_index < 0) return false;
         impl_name = implementation().name;
         scratch_bytes_per_thread = implementation().scratch_bytes_per_thread(problem);
@@ -102,7 +113,7 @@ const pd_state &state_of(const primitive_desc_base &pd) {
 } // namespace detail
 
 paged_attention::desc::desc(const tensor_desc &query, const tensor_desc &k_cache, const tensor_desc &v_cache,
-        const tensor_desc &dst, const options &opts)
+                            const tensor_desc &dst, const options &opts)
     : query_(query), k_cache_(k_cache), v_cache_(v_cache), dst_(dst), options_(opts) {
     using namespace detail;
     validate_activation("query", query);
@@ -111,24 +122,24 @@ paged_attention::desc::desc(const tensor_desc &query, const tensor_desc &k_cache
     resolve_cache("v_cache", v_cache);
     const dims &q = query.get_dims(), &kc = k_cache.get_dims();
     if (dst.get_dims()[1] != q[1] || dst.get_dims()[2] != q[2] ||
-            (q[0] != runtime_dim && dst.get_dims()[0] != runtime_dim && q[0] != dst.get_dims()[0]))
-        fail_desc("dst", concat("dims ", dims_string(dst.get_dims()), " differ from query's ", dims_string(q)));
+        (q[0] != runtime_dim && dst.get_dims()[0] != runtime_dim && q[0] != dst.get_dims()[0]))
+        fail_desc("dst",
+                  concat("dims ", dims_string(dst.get_dims()), " differ from query's ", dims_string(q)));
     if (v_cache.get_dims() != kc)
-        fail_desc("v_cache", concat("dims ", dims_string(v_cache.get_dims()), " differ from k_cache's ", dims_string(kc)));
-    if (kc[3] != q[2])
-        fail_desc("k_cache", concat("head size ", kc[3], " differs from query's ", q[2]));
-    if (q[1] % kc[1] != 0)
-        fail_desc("query", concat("Hq = ", q[1], " is not a multiple of Hkv = ", kc[1]));
+        fail_desc("v_cache", concat("dims ", dims_string(v_cache.get_dims()), " differ from k_cache's ",
+                                    dims_string(kc)));
+    if (kc[3] != q[2]) fail_desc("k_cache", concat("head size ", kc[3], " differs from query's ", q[2]));
+    if (q[1] % kc[1] != 0) fail_desc("query", concat("Hq = ", q[1], " is not a multiple of Hkv = ", kc[1]));
     if (!std::isfinite(opts.softmax_scale)) fail_desc("options", "softmax_scale must be finite");
     if (opts.window_left < -1 || opts.window_right < -1)
         fail_desc("options", concat("window (", opts.window_left, ", ", opts.window_right,
-                                     "): bounds are >= 0, or -1 for unbounded"));
+                                    "): bounds are >= 0, or -1 for unbounded"));
     if (!(opts.soft_cap >= 0.f) || !std::isfinite(opts.soft_cap))
         fail_desc("options", concat("soft_cap ", opts.soft_cap, " must be finite and >= 0"));
 }
 
-paged_attention::primitive_desc::primitive_desc(
-        const dnnl::engine &engine, const desc &d, const primitive_attr &attr, bool allow_empty) {
+paged_attention::primitive_desc::primitive_desc(const dnnl::engine &engine, const desc &d,
+                                                const primitive_attr &attr, bool allow_empty) {
     using namespace detail;
     const auto start = std::chrono::steady_clock::now();
     check_engine(primitive_name, engine);
@@ -147,7 +158,8 @@ paged_attention::primitive_desc::primitive_desc(
     p.head_size = p.k_cache.get_dims()[3];
     p.q_heads = d.query().get_dims()[1];
     p.options = d.get_options();
-    if (p.options.softmax_scale == 0.f) p.options.softmax_scale = 1.f / std::sqrt(static_cast<float>(p.head_size));
+    if (p.options.softmax_scale == 0.f)
+        p.options.softmax_scale = 1.f / std::sqrt(static_cast<float>(p.head_size));
     p.k_scales_mask = attr.get_scales_mask(ARG_K_CACHE);
     p.v_scales_mask = attr.get_scales_mask(ARG_V_CACHE);
     p.fpmath = attr.get_fpmath_mode();
@@ -155,17 +167,20 @@ paged_attention::primitive_desc::primitive_desc(
     if (!state->select(0)) {
         if (allow_empty) return;
         throw_error(status::unimplemented,
-                concat(primitive_name, ": no implementation on this machine accepts ", problem_string(p),
-                        " (PAGEDATTN_VERBOSE=3 prints why each declined)"));
+                    concat(primitive_name, ": no implementation on this machine accepts ", problem_string(p),
+                           " (PAGEDATTN_VERBOSE=3 prints why each declined)"));
     }
     state_ = state;
     if (get_verbose() >= 2)
         verbose_print(concat("create,cpu,", primitive_name, ",", state->impl_name, ",query:", d.query().str(),
-                " k_cache:", p.k_cache.str(), " v_cache:", p.v_cache.str(), " dst:", d.dst().str(), ",",
-                attr_string(attr), ",", problem_string(p), ",", milliseconds_since(start)));
+                             " k_cache:", p.k_cache.str(), " v_cache:", p.v_cache.str(),
+                             " dst:", d.dst().str(), ",", attr_string(attr), ",", problem_string(p), ",",
+                             milliseconds_since(start)));
 }
 
-const paged_attention::desc &paged_attention::primitive_desc::get_desc() const { return detail::state_of(*this).desc; }
+const paged_attention::desc &paged_attention::primitive_desc::get_desc() const {
+    return detail::state_of(*this).desc;
+}
 
 paged_attention::paged_attention(const primitive_desc &pd) : pd_(pd) {
     const auto &state = detail::state_of(pd);
@@ -178,10 +193,11 @@ void paged_attention::execute(const dnnl::stream &stream, const exec_args &args)
     const auto start = std::chrono::steady_clock::now();
     const pd_state &state = state_of(pd_);
     const paged_attention_problem &p = state.problem;
-    if (!stream) throw_error(status::invalid_arguments, concat(primitive_name, ": stream: empty dnnl::stream"));
+    if (!stream)
+        throw_error(status::invalid_arguments, concat(primitive_name, ": stream: empty dnnl::stream"));
 
-    std::vector<int> allowed = {ARG_QUERY, ARG_K_CACHE, ARG_V_CACHE, ARG_BLOCK_TABLE, ARG_SEQ_LENS,
-            ARG_QUERY_START_LOC, ARG_DST};
+    std::vector<int> allowed = { ARG_QUERY,    ARG_K_CACHE,         ARG_V_CACHE, ARG_BLOCK_TABLE,
+                                 ARG_SEQ_LENS, ARG_QUERY_START_LOC, ARG_DST };
     if (p.options.alibi_slopes) allowed.push_back(ARG_ALIBI_SLOPES);
     if (p.options.sinks) allowed.push_back(ARG_SINKS);
     if (p.k_scales_mask >= 0) allowed.push_back(ARG_K_SCALES);
@@ -191,12 +207,12 @@ void paged_attention::execute(const dnnl::stream &stream, const exec_args &args)
 
     const tensor &query = check.required(ARG_QUERY);
     const dim fixed_tokens = pd_.get_desc().query().get_dims()[0];
-    check.expect_shape(query, ARG_QUERY, {fixed_tokens, p.q_heads, p.head_size}, "[T, Hq, D]");
+    check.expect_shape(query, ARG_QUERY, { fixed_tokens, p.q_heads, p.head_size }, "[T, Hq, D]");
     check.expect_type(query, ARG_QUERY, p.query_type);
     const dim num_tokens = query.get_desc().get_dims()[0];
 
     const tensor &dst = check.required(ARG_DST);
-    check.expect_shape(dst, ARG_DST, {num_tokens, p.q_heads, p.head_size}, "[T, Hq, D] (T of query)");
+    check.expect_shape(dst, ARG_DST, { num_tokens, p.q_heads, p.head_size }, "[T, Hq, D] (T of query)");
     check.expect_type(dst, ARG_DST, p.dst_type);
 
     const tensor &k_cache = check.required(ARG_K_CACHE);
@@ -207,17 +223,18 @@ void paged_attention::execute(const dnnl::stream &stream, const exec_args &args)
     const tensor &query_start_loc = check.required(ARG_QUERY_START_LOC);
     check.expect_type(query_start_loc, ARG_QUERY_START_LOC, data_type::s32);
     check.expect(query_start_loc.get_desc().ndims() == 1 && query_start_loc.get_desc().get_dims()[0] >= 1,
-            ARG_QUERY_START_LOC, concat("dims ", dims_string(query_start_loc.get_desc().get_dims()), ", expected [S + 1]"));
+                 ARG_QUERY_START_LOC,
+                 concat("dims ", dims_string(query_start_loc.get_desc().get_dims()), ", expected [S + 1]"));
     const dim num_seqs = query_start_loc.get_desc().get_dims()[0] - 1;
-    check.expect_shape(query_start_loc, ARG_QUERY_START_LOC, {num_seqs + 1}, "[S + 1]");
+    check.expect_shape(query_start_loc, ARG_QUERY_START_LOC, { num_seqs + 1 }, "[S + 1]");
 
     const tensor &seq_lens = check.required(ARG_SEQ_LENS);
     check.expect_type(seq_lens, ARG_SEQ_LENS, data_type::s32);
-    check.expect_shape(seq_lens, ARG_SEQ_LENS, {num_seqs}, "[S] (S from query_start_loc)");
+    check.expect_shape(seq_lens, ARG_SEQ_LENS, { num_seqs }, "[S] (S from query_start_loc)");
 
     const tensor &block_table = check.required(ARG_BLOCK_TABLE);
     check.expect_type(block_table, ARG_BLOCK_TABLE, data_type::s32);
-    check.expect_shape(block_table, ARG_BLOCK_TABLE, {num_seqs, runtime_dim}, "[S, max_blocks_per_seq]");
+    check.expect_shape(block_table, ARG_BLOCK_TABLE, { num_seqs, runtime_dim }, "[S, max_blocks_per_seq]");
     const dim table_width = block_table.get_desc().get_dims()[1];
     const dim table_stride = block_table.get_desc().get_strides()[0];
 
@@ -227,22 +244,22 @@ void paged_attention::execute(const dnnl::stream &stream, const exec_args &args)
     check.expect(starts[0] == 0, ARG_QUERY_START_LOC, concat("starts at ", starts[0], ", must start at 0"));
     for (dim s = 0; s < num_seqs; ++s) {
         check.expect(starts[s + 1] >= starts[s], ARG_QUERY_START_LOC,
-                concat("decreases at sequence ", s, " (", starts[s], " then ", starts[s + 1], ")"));
+                     concat("decreases at sequence ", s, " (", starts[s], " then ", starts[s + 1], ")"));
         const dim q_len = starts[s + 1] - starts[s];
         check.expect(lens[s] >= q_len, ARG_SEQ_LENS,
-                concat("sequence ", s, " has seq_len ", lens[s], " < its query length ", q_len));
+                     concat("sequence ", s, " has seq_len ", lens[s], " < its query length ", q_len));
         const dim blocks_needed = (lens[s] + p.block_size - 1) / p.block_size;
         check.expect(blocks_needed <= table_width, ARG_BLOCK_TABLE,
-                concat("sequence ", s, " needs ", blocks_needed, " blocks for seq_len ", lens[s], ", the table has ",
-                        table_width, " columns"));
+                     concat("sequence ", s, " needs ", blocks_needed, " blocks for seq_len ", lens[s],
+                            ", the table has ", table_width, " columns"));
         for (dim b = 0; b < blocks_needed; ++b) {
             const int32_t block = table[s * table_stride + b];
             check.expect(block >= 0 && block < p.num_blocks, ARG_BLOCK_TABLE,
-                    concat("entry [", s, ", ", b, "] = ", block, " is outside [0, ", p.num_blocks, ")"));
+                         concat("entry [", s, ", ", b, "] = ", block, " is outside [0, ", p.num_blocks, ")"));
         }
     }
     check.expect(starts[num_seqs] == num_tokens, ARG_QUERY_START_LOC,
-            concat("ends at ", starts[num_seqs], ", must end at T = ", num_tokens));
+                 concat("ends at ", starts[num_seqs], ", must end at T = ", num_tokens));
 
     paged_attention_arguments a {};
     a.num_tokens = num_tokens;
@@ -259,16 +276,18 @@ void paged_attention::execute(const dnnl::stream &stream, const exec_args &args)
     a.block_table_stride = table_stride;
     a.seq_lens = lens;
     a.query_start_loc = starts;
-    for (int arg : {ARG_ALIBI_SLOPES, ARG_SINKS}) {
+    for (int arg : { ARG_ALIBI_SLOPES, ARG_SINKS }) {
         const bool given = arg == ARG_ALIBI_SLOPES ? p.options.alibi_slopes : p.options.sinks;
         if (!given) continue;
         const tensor &t = check.required(arg);
         check.expect_type(t, arg, data_type::f32);
-        check.expect(t.get_desc() == tensor_desc({p.q_heads}, data_type::f32), arg,
-                concat("dims ", dims_string(t.get_desc().get_dims()), ", expected dense [Hq] = [", p.q_heads, "]"));
-        (arg == ARG_ALIBI_SLOPES ? a.alibi_slopes : a.sinks) = static_cast<const float *>(t.get_data_handle());
+        check.expect(t.get_desc() == tensor_desc({ p.q_heads }, data_type::f32), arg,
+                     concat("dims ", dims_string(t.get_desc().get_dims()), ", expected dense [Hq] = [",
+                            p.q_heads, "]"));
+        (arg == ARG_ALIBI_SLOPES ? a.alibi_slopes : a.sinks) =
+                static_cast<const float *>(t.get_data_handle());
     }
-    for (int arg : {ARG_K_SCALES, ARG_V_SCALES}) {
+    for (int arg : { ARG_K_SCALES, ARG_V_SCALES }) {
         const int mask = arg == ARG_K_SCALES ? p.k_scales_mask : p.v_scales_mask;
         if (mask < 0) continue;
         const tensor &t = check.required(arg);
@@ -279,8 +298,9 @@ void paged_attention::execute(const dnnl::stream &stream, const exec_args &args)
     const paged_attention_implementation &impl = state.implementation();
     if (state.attr.get_scratchpad_mode() == scratchpad_mode::user) {
         const tensor &scratchpad = check.required(ARG_SCRATCHPAD);
-        const thread_scratch scratch(primitive_name, scratchpad.get_data_handle(), scratchpad.get_desc().get_size(),
-                state.scratch_bytes_per_thread, state.max_threads);
+        const thread_scratch scratch(primitive_name, scratchpad.get_data_handle(),
+                                     scratchpad.get_desc().get_size(), state.scratchpad_bytes(),
+                                     state.scratch_bytes_per_thread, state.max_threads);
         impl.execute(p, a, scratch);
     } else {
         impl.execute(p, a, thread_scratch(static_cast<library_scratch *>(resources_.get())));
@@ -288,14 +308,15 @@ void paged_attention::execute(const dnnl::stream &stream, const exec_args &args)
 
     if (get_verbose() >= 1)
         verbose_print(concat("exec,cpu,", primitive_name, ",", impl.name, ",query:", query.get_desc().str(),
-                " k_cache:", p.k_cache.str(), " v_cache:", p.v_cache.str(), " dst:", dst.get_desc().str(), ",",
-                attr_string(state.attr), ",", problem_string(p), " t", num_tokens, ":s", num_seqs, ":w", table_width,
-                ",", milliseconds_since(start)));
+                             " k_cache:", p.k_cache.str(), " v_cache:", p.v_cache.str(), " dst:",
+                             dst.get_desc().str(), ",", attr_string(state.attr), ",", problem_string(p), " t",
+                             num_tokens, ":s", num_seqs, ":w", table_width, ",", milliseconds_since(start)));
 }
 
-void paged_attention::execute(const dnnl::stream &stream, const std::unordered_map<int, dnnl::memory> &args) const {
+void paged_attention::execute(const dnnl::stream &stream,
+                              const std::unordered_map<int, dnnl::memory> &args) const {
     execute(stream, detail::tensors_from_memories("paged_attention", args,
-                            [this](int arg) { return pd_.query_md(arg); }));
+                                                  [this](int arg) { return pd_.query_md(arg); }));
 }
 
 } // namespace pagedattn

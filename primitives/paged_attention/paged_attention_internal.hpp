@@ -13,10 +13,10 @@ namespace detail {
 
 struct paged_attention_problem {
     data_type query_type, dst_type;
-    tensor_desc k_cache, v_cache;  // resolved layouts: [num_blocks, kv_heads, block_size, head_size]
+    tensor_desc k_cache, v_cache; // resolved layouts: [num_blocks, kv_heads, block_size, head_size]
     dim q_heads, kv_heads, head_size, block_size, num_blocks;
-    paged_attention::options options;  // softmax_scale resolved (never 0)
-    int k_scales_mask, v_scales_mask;  // -1: no scales
+    paged_attention::options options; // softmax_scale resolved (never 0)
+    int k_scales_mask, v_scales_mask; // -1: no scales
     fpmath_mode fpmath;
 };
 
@@ -31,23 +31,26 @@ struct paged_attention_arguments {
     const int32_t *block_table;
     dim block_table_stride;
     const int32_t *seq_lens, *query_start_loc;
-    const float *alibi_slopes, *sinks;  // null when not given
-    const float *k_scales, *v_scales;   // null when the cache has no scales
+    const float *alibi_slopes, *sinks; // null when not given
+    const float *k_scales, *v_scales;  // null when the cache has no scales
 };
 
 struct paged_attention_implementation {
-    const char *name;  // impl_info_str
-    cpu_isa isa;       // what the host (and the caps) must allow
+    const char *name; // impl_info_str
+    cpu_isa isa;      // what the host (and the caps) must allow
     /// Empty when it accepts the problem, else why not (PAGEDATTN_VERBOSE=3 prints it).
     std::string (*decline)(const paged_attention_problem &, const primitive_attr &);
     size_t (*scratch_bytes_per_thread)(const paged_attention_problem &);
-    void (*execute)(const paged_attention_problem &, const paged_attention_arguments &, const thread_scratch &);
+    void (*execute)(const paged_attention_problem &, const paged_attention_arguments &,
+                    const thread_scratch &);
 };
 
 /// The list, best first, reference last (implementation_list.cpp).
 extern const paged_attention_implementation *const paged_attention_implementations[];
 extern const int paged_attention_implementation_count;
 
+extern const paged_attention_implementation paged_attention_avx512;
+extern const paged_attention_implementation paged_attention_avx2;
 extern const paged_attention_implementation paged_attention_ref;
 
 } // namespace detail

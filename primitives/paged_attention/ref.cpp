@@ -1,7 +1,7 @@
 // ref:any — the portable reference implementation: plain C++, f32 arithmetic, online softmax over
 // the KV blocks of each sequence, parallel with oneTBB over (sequence, kv head, query tile).
-// It reads every cache type and layout and accepts every problem; the fast kernels are checked
-// against it and against the fp64 oracle of the tests.
+// It reads every cache type and layout (element by element) and accepts every problem; the fast kernels are
+// checked against it and against the fp64 oracle of the tests.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -11,20 +11,17 @@
 #include <tbb/parallel_for.h>
 
 #include "paged_attention_internal.hpp"
+#include "src/cache_layout.hpp"
 #include "src/fp8.hpp"
+#include "work_items.hpp"
 
 namespace pagedattn {
 namespace detail {
 namespace {
 
-// About 64 (token, q head) rows per work item: the q heads of one kv head share each K/V row.
-dim tokens_per_tile(const paged_attention_problem &p) {
-    return std::max<dim>(1, 64 / (p.q_heads / p.kv_heads));
-}
-
 struct scratch_layout {
     dim rows, block;
-    size_t q, acc, max, sum, keys, values, scores, total;  // offsets in floats
+    size_t q, acc, max, sum, keys, values, scores, total; // offsets in floats
     explicit scratch_layout(const paged_attention_problem &p)
         : rows(tokens_per_tile(p) * (p.q_heads / p.kv_heads)), block(p.block_size) {
         const size_t d = static_cast<size_t>(p.head_size);
@@ -39,30 +36,23 @@ struct scratch_layout {
     }
 };
 
-std::string decline(const paged_attention_problem &, const primitive_attr &) { return {}; }
-
-size_t scratch_bytes(const paged_attention_problem &p) { return scratch_layout(p).total * sizeof(float); }
-
-float scale_of(const float *scales, int mask, const paged_attention_problem &p, dim block, dim head, dim offset) {
-    if (!scales) return 1.f;
-    if (mask == scales_per_tensor) return scales[0];
-    if (mask == scales_per_kv_head) return scales[head];
-    return scales[(block * p.kv_heads + head) * p.block_size + offset];
+std::string decline(const paged_attention_problem &, const primitive_attr &) {
+    return {};
 }
 
-struct work_item {
-    dim seq, kv_head, first_token, last_token;  // tokens [first, last) of the sequence's query
-};
+size_t scratch_bytes(const paged_attention_problem &p) {
+    return scratch_layout(p).total * sizeof(float);
+}
 
 void run_item(const paged_attention_problem &p, const paged_attention_arguments &a, const work_item &item,
-        float *scratch) {
+              float *scratch) {
     const scratch_layout layout(p);
     const dim group = p.q_heads / p.kv_heads, d = p.head_size, bs = p.block_size;
     const auto &o = p.options;
     const dim q_begin = a.query_start_loc[item.seq];
     const dim q_len = a.query_start_loc[item.seq + 1] - q_begin;
     const dim seq_len = a.seq_lens[item.seq];
-    const dim context = seq_len - q_len;  // absolute position of the first query token
+    const dim context = seq_len - q_len; // absolute position of the first query token
     const dim tokens = item.last_token - item.first_token;
     const dim rows = tokens * group;
     float *q = scratch + layout.q, *acc = scratch + layout.acc, *row_max = scratch + layout.max;
@@ -72,12 +62,13 @@ void run_item(const paged_attention_problem &p, const paged_attention_arguments 
 
     for (dim r = 0; r < rows; ++r) {
         const dim token = q_begin + item.first_token + r / group, head = item.kv_head * group + r % group;
-        const char *src = static_cast<const char *>(a.query) +
+        const char *src =
+                static_cast<const char *>(a.query) +
                 (token * a.query_token_stride + head * a.query_head_stride) * static_cast<dim>(q_size);
         convert_row_to_f32(src, p.query_type, d, 1.f, q + r * d);
         std::fill(acc + r * d, acc + (r + 1) * d, 0.f);
         row_max[r] = a.sinks ? a.sinks[head] : -std::numeric_limits<float>::infinity();
-        row_sum[r] = a.sinks ? 1.f : 0.f;  // exp(sink - max) with max = sink
+        row_sum[r] = a.sinks ? 1.f : 0.f; // exp(sink - max) with max = sink
     }
 
     // The KV range any row of the tile can see.
@@ -87,32 +78,34 @@ void run_item(const paged_attention_problem &p, const paged_attention_arguments 
     if (o.window_right >= 0) kv_end = std::min(kv_end, last_position + o.window_right + 1);
     kv_end = std::min(kv_end, seq_len);
 
-    const size_t k_size = data_type_size(p.k_cache.get_data_type());
-    const size_t v_size = data_type_size(p.v_cache.get_data_type());
-    const dims &ks = p.k_cache.get_strides(), &vs = p.v_cache.get_strides();
+    const cache_view k_view(p.k_cache, false), v_view(p.v_cache, true);
+    const data_type k_type = p.k_cache.get_data_type(), v_type = p.v_cache.get_data_type();
     for (dim logical_block = kv_begin / bs; logical_block * bs < kv_end; ++logical_block) {
         const dim block = a.block_table[item.seq * a.block_table_stride + logical_block];
         const dim j_begin = std::max(kv_begin, logical_block * bs);
         const dim j_end = std::min(kv_end, (logical_block + 1) * bs);
         for (dim j = j_begin; j < j_end; ++j) {
             const dim offset = j - logical_block * bs;
-            const char *k_row = static_cast<const char *>(a.k_cache) +
-                    (block * ks[0] + item.kv_head * ks[1] + offset * ks[2]) * static_cast<dim>(k_size);
-            const char *v_row = static_cast<const char *>(a.v_cache) +
-                    (block * vs[0] + item.kv_head * vs[1] + offset * vs[2]) * static_cast<dim>(v_size);
-            convert_row_to_f32(k_row, p.k_cache.get_data_type(), d,
-                    scale_of(a.k_scales, p.k_scales_mask, p, block, item.kv_head, offset), keys + (j - j_begin) * d);
-            convert_row_to_f32(v_row, p.v_cache.get_data_type(), d,
-                    scale_of(a.v_scales, p.v_scales_mask, p, block, item.kv_head, offset), values + (j - j_begin) * d);
+            const float k_scale = row_scale(a.k_scales, p.k_scales_mask, p, block, item.kv_head, offset);
+            const float v_scale = row_scale(a.v_scales, p.v_scales_mask, p, block, item.kv_head, offset);
+            for (dim i = 0; i < d; ++i) {
+                keys[(j - j_begin) * d + i] =
+                        load_as_f32(a.k_cache, k_type, k_view.offset(block, item.kv_head, offset, i)) *
+                        k_scale;
+                values[(j - j_begin) * d + i] =
+                        load_as_f32(a.v_cache, v_type, v_view.offset(block, item.kv_head, offset, i)) *
+                        v_scale;
+            }
         }
         for (dim r = 0; r < rows; ++r) {
-            const dim position = context + item.first_token + r / group, head = item.kv_head * group + r % group;
+            const dim position = context + item.first_token + r / group,
+                      head = item.kv_head * group + r % group;
             float block_max = -std::numeric_limits<float>::infinity();
             bool any = false;
             for (dim j = j_begin; j < j_end; ++j) {
                 const bool visible = (!o.causal || j <= position) &&
-                        (o.window_left < 0 || j >= position - o.window_left) &&
-                        (o.window_right < 0 || j <= position + o.window_right);
+                                     (o.window_left < 0 || j >= position - o.window_left) &&
+                                     (o.window_right < 0 || j <= position + o.window_right);
                 float &x = scores[j - j_begin];
                 if (!visible) {
                     x = -std::numeric_limits<float>::infinity();
@@ -120,7 +113,8 @@ void run_item(const paged_attention_problem &p, const paged_attention_arguments 
                 }
                 const float *k = keys + (j - j_begin) * d, *qr = q + r * d;
                 float dot = 0.f;
-                for (dim i = 0; i < d; ++i) dot += qr[i] * k[i];
+                for (dim i = 0; i < d; ++i)
+                    dot += qr[i] * k[i];
                 x = o.softmax_scale * dot;
                 if (o.soft_cap > 0.f) x = o.soft_cap * std::tanh(x / o.soft_cap);
                 if (a.alibi_slopes) x += a.alibi_slopes[head] * static_cast<float>(j - position);
@@ -129,16 +123,18 @@ void run_item(const paged_attention_problem &p, const paged_attention_arguments 
             }
             if (!any) continue;
             const float new_max = std::max(row_max[r], block_max);
-            const float correction = std::exp(row_max[r] - new_max);  // 0 when the old max is -inf
+            const float correction = std::exp(row_max[r] - new_max); // 0 when the old max is -inf
             float *out = acc + r * d;
             row_sum[r] *= correction;
-            for (dim i = 0; i < d; ++i) out[i] *= correction;
+            for (dim i = 0; i < d; ++i)
+                out[i] *= correction;
             for (dim j = j_begin; j < j_end; ++j) {
                 if (scores[j - j_begin] == -std::numeric_limits<float>::infinity()) continue;
                 const float weight = std::exp(scores[j - j_begin] - new_max);
                 row_sum[r] += weight;
                 const float *v = values + (j - j_begin) * d;
-                for (dim i = 0; i < d; ++i) out[i] += weight * v[i];
+                for (dim i = 0; i < d; ++i)
+                    out[i] += weight * v[i];
             }
             row_max[r] = new_max;
         }
@@ -147,31 +143,30 @@ void run_item(const paged_attention_problem &p, const paged_attention_arguments 
     for (dim r = 0; r < rows; ++r) {
         const dim token = q_begin + item.first_token + r / group, head = item.kv_head * group + r % group;
         float *out = acc + r * d;
-        const float inverse = row_sum[r] > 0.f ? 1.f / row_sum[r] : 0.f;  // a fully masked row yields zeros
-        for (dim i = 0; i < d; ++i) out[i] *= inverse;
+        const float inverse = row_sum[r] > 0.f ? 1.f / row_sum[r] : 0.f; // a fully masked row yields zeros
+        for (dim i = 0; i < d; ++i)
+            out[i] *= inverse;
         char *dst = static_cast<char *>(a.dst) +
-                (token * a.dst_token_stride + head * a.dst_head_stride) * static_cast<dim>(dst_size);
+                    (token * a.dst_token_stride + head * a.dst_head_stride) * static_cast<dim>(dst_size);
         convert_row_from_f32(out, d, 1.f, p.dst_type, dst);
     }
 }
 
-void execute(const paged_attention_problem &p, const paged_attention_arguments &a, const thread_scratch &scratch) {
-    const dim tile = tokens_per_tile(p);
-    std::vector<work_item> items;
-    for (dim s = 0; s < a.num_seqs; ++s) {
-        const dim q_len = a.query_start_loc[s + 1] - a.query_start_loc[s];
-        for (dim first = 0; first < q_len; first += tile)
-            for (dim h = 0; h < p.kv_heads; ++h) items.push_back({s, h, first, std::min(q_len, first + tile)});
-    }
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, items.size()), [&](const tbb::blocked_range<size_t> &range) {
-        float *buffer = reinterpret_cast<float *>(scratch.get());
-        for (size_t i = range.begin(); i != range.end(); ++i) run_item(p, a, items[i], buffer);
-    });
+void execute(const paged_attention_problem &p, const paged_attention_arguments &a,
+             const thread_scratch &scratch) {
+    const std::vector<work_item> items = build_work_items(p, a);
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, items.size()),
+                      [&](const tbb::blocked_range<size_t> &range) {
+                          float *buffer = reinterpret_cast<float *>(scratch.get());
+                          for (size_t i = range.begin(); i != range.end(); ++i)
+                              run_item(p, a, items[i], buffer);
+                      });
 }
 
 } // namespace
 
-const paged_attention_implementation paged_attention_ref = {"ref:any", cpu_isa::generic, decline, scratch_bytes, execute};
+const paged_attention_implementation paged_attention_ref = { "ref:any", cpu_isa::generic, decline,
+                                                             scratch_bytes, execute };
 
 } // namespace detail
 } // namespace pagedattn

@@ -5,7 +5,7 @@ namespace pagedattn {
 namespace detail {
 
 const reshape_and_cache_implementation *const reshape_and_cache_implementations[] = {
-        &reshape_and_cache_ref,
+    &reshape_and_cache_ref,
 };
 const int reshape_and_cache_implementation_count =
         sizeof(reshape_and_cache_implementations) / sizeof(reshape_and_cache_implementations[0]);

@@ -8,13 +8,16 @@
 #include <tbb/parallel_for.h>
 
 #include "reshape_and_cache_internal.hpp"
+#include "src/cache_layout.hpp"
 #include "src/fp8.hpp"
 
 namespace pagedattn {
 namespace detail {
 namespace {
 
-std::string decline(const reshape_and_cache_problem &, const primitive_attr &) { return {}; }
+std::string decline(const reshape_and_cache_problem &, const primitive_attr &) {
+    return {};
+}
 
 // Per-token scale: the largest finite magnitude maps to the format's max. NaN is ignored and so is
 // +-inf, which then saturates; an all-zero row gets FLT_MIN so that the division stays finite.
@@ -25,8 +28,8 @@ float per_token_scale(const float *row, dim n, float fp8_max_value) {
     return std::max(amax / fp8_max_value, FLT_MIN);
 }
 
-void store_row(const float *row, dim n, const tensor_desc &cache, void *cache_data, float *scales, int mask,
-        dim block, dim head, dim offset, dim kv_heads, dim block_size) {
+void store_row(const float *row, dim n, const tensor_desc &cache, bool is_value, void *cache_data,
+               float *scales, int mask, dim block, dim head, dim offset, dim kv_heads, dim block_size) {
     const data_type dt = cache.get_data_type();
     float scale = 1.f;
     if (mask == scales_per_token) {
@@ -37,40 +40,50 @@ void store_row(const float *row, dim n, const tensor_desc &cache, void *cache_da
     } else if (mask == scales_per_tensor) {
         scale = scales[0];
     }
-    const dims &s = cache.get_strides();
-    char *dst = static_cast<char *>(cache_data) +
-            (block * s[0] + head * s[1] + offset * s[2]) * static_cast<dim>(data_type_size(dt));
-    convert_row_from_f32(row, n, scale, dt, dst);
+    const cache_view view(cache, is_value);
+    if (!view.packed()) {
+        char *dst = static_cast<char *>(cache_data) +
+                    view.offset(block, head, offset, 0) * static_cast<dim>(data_type_size(dt));
+        convert_row_from_f32(row, n, scale, dt, dst);
+        return;
+    }
+    for (dim i = 0; i < n; ++i) {
+        const float x = is_fp8(dt) ? row[i] / scale : row[i];
+        store_from_f32(cache_data, dt, view.offset(block, head, offset, i), x);
+    }
 }
 
 void execute(const reshape_and_cache_problem &p, const reshape_and_cache_arguments &a) {
     const dim d = p.head_size;
-    tbb::parallel_for(tbb::blocked_range<dim>(0, a.num_tokens, 16), [&](const tbb::blocked_range<dim> &range) {
-        std::vector<float> row(static_cast<size_t>(d));
-        for (dim t = range.begin(); t != range.end(); ++t) {
-            const dim slot = a.slots64 ? a.slots64[t] : a.slots32[t];
-            if (slot < 0 || (a.superseded && a.superseded[t])) continue;
-            const dim block = slot / p.block_size, offset = slot % p.block_size;
-            for (dim h = 0; h < p.kv_heads; ++h) {
-                const char *k = static_cast<const char *>(a.key) +
-                        (t * a.key_token_stride + h * a.key_head_stride) * static_cast<dim>(data_type_size(p.key_type));
-                convert_row_to_f32(k, p.key_type, d, 1.f, row.data());
-                store_row(row.data(), d, p.k_cache, a.k_cache, a.k_scales, p.k_scales_mask, block, h, offset, p.kv_heads,
-                        p.block_size);
-                const char *v = static_cast<const char *>(a.value) +
-                        (t * a.value_token_stride + h * a.value_head_stride) *
-                                static_cast<dim>(data_type_size(p.value_type));
-                convert_row_to_f32(v, p.value_type, d, 1.f, row.data());
-                store_row(row.data(), d, p.v_cache, a.v_cache, a.v_scales, p.v_scales_mask, block, h, offset, p.kv_heads,
-                        p.block_size);
-            }
-        }
-    });
+    tbb::parallel_for(tbb::blocked_range<dim>(0, a.num_tokens, 16),
+                      [&](const tbb::blocked_range<dim> &range) {
+                          std::vector<float> row(static_cast<size_t>(d));
+                          for (dim t = range.begin(); t != range.end(); ++t) {
+                              const dim slot = a.slots64 ? a.slots64[t] : a.slots32[t];
+                              if (slot < 0 || (a.superseded && a.superseded[t])) continue;
+                              const dim block = slot / p.block_size, offset = slot % p.block_size;
+                              for (dim h = 0; h < p.kv_heads; ++h) {
+                                  const char *k = static_cast<const char *>(a.key) +
+                                                  (t * a.key_token_stride + h * a.key_head_stride) *
+                                                          static_cast<dim>(data_type_size(p.key_type));
+                                  convert_row_to_f32(k, p.key_type, d, 1.f, row.data());
+                                  store_row(row.data(), d, p.k_cache, false, a.k_cache, a.k_scales,
+                                            p.k_scales_mask, block, h, offset, p.kv_heads, p.block_size);
+                                  const char *v = static_cast<const char *>(a.value) +
+                                                  (t * a.value_token_stride + h * a.value_head_stride) *
+                                                          static_cast<dim>(data_type_size(p.value_type));
+                                  convert_row_to_f32(v, p.value_type, d, 1.f, row.data());
+                                  store_row(row.data(), d, p.v_cache, true, a.v_cache, a.v_scales,
+                                            p.v_scales_mask, block, h, offset, p.kv_heads, p.block_size);
+                              }
+                          }
+                      });
 }
 
 } // namespace
 
-const reshape_and_cache_implementation reshape_and_cache_ref = {"ref:any", cpu_isa::generic, decline, execute};
+const reshape_and_cache_implementation reshape_and_cache_ref = { "ref:any", cpu_isa::generic, decline,
+                                                                 execute };
 
 } // namespace detail
 } // namespace pagedattn

@@ -12,21 +12,21 @@ namespace detail {
 
 struct reshape_and_cache_problem {
     data_type key_type, value_type;
-    tensor_desc k_cache, v_cache;  // resolved layouts
+    tensor_desc k_cache, v_cache; // resolved layouts
     dim kv_heads, head_size, block_size, num_blocks;
-    int k_scales_mask, v_scales_mask;  // -1: no scales
+    int k_scales_mask, v_scales_mask; // -1: no scales
 };
 
 struct reshape_and_cache_arguments {
     dim num_tokens;
     const void *key, *value;
-    dim key_token_stride, key_head_stride, value_token_stride, value_head_stride;  // elements
+    dim key_token_stride, key_head_stride, value_token_stride, value_head_stride; // elements
     void *k_cache, *v_cache;
-    const int64_t *slots64;  // exactly one of the two is set
+    const int64_t *slots64; // exactly one of the two is set
     const int32_t *slots32;
     /// Null, or one flag per token: 1 = another, later token of this call writes the same slot.
     const uint8_t *superseded;
-    float *k_scales, *v_scales;  // per-token scales are written, the others read
+    float *k_scales, *v_scales; // per-token scales are written, the others read
 };
 
 struct reshape_and_cache_implementation {

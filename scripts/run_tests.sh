@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Every test in one command: installs the dependencies, then
+#   1. a Release build in build/ and all its tests;
+#   2. an ASan+UBSan build with clang in build-sanitize/ and its tests at reduced sizes
+#      (PAGEDATTN_TEST_REDUCED=1; the install test is left out).
+# Stops at the first failing stage.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+bash scripts/install_dependencies.sh
+jobs=$(nproc)
+
+# Runs ctest in a build tree and prints how many tests ran and how long they took.
+run_ctest() {
+  local dir=$1 label=$2
+  shift 2
+  local count start
+  count=$(ctest --test-dir "$dir" -N "$@" | sed -n 's/^Total Tests: //p')
+  start=$(date +%s)
+  ctest --test-dir "$dir" --output-on-failure -j2 "$@"
+  echo "== $label: ${count:-?} tests passed in $(( $(date +%s) - start )) s"
+}
+
+echo "== release build (build/)"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
+cmake --build build -j "$jobs"
+run_ctest build release
+
+echo "== sanitizer build (build-sanitize/, clang, ASan + UBSan)"
+# -O1 -g without NDEBUG: faster to build than -O2, and assertions stay on.
+cmake -S . -B build-sanitize -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" -DPAGEDATTN_BUILD_EXAMPLES=OFF \
+  -DPAGEDATTN_BUILD_BENCHMARKS=OFF
+cmake --build build-sanitize -j "$jobs"
+PAGEDATTN_TEST_REDUCED=1 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  run_ctest build-sanitize sanitizer -LE install

@@ -1,0 +1,160 @@
+// f32 vectors for the x64 kernels: one traits struct per vector width, with the same surface, so a
+// kernel is written once as a template. Included only by translation units compiled with the ISA's
+// flags. The loads decode the cache formats of src/fp8.hpp exactly (bit-identical to the scalar
+// codec), FP8 subnormals included, provided MXCSR's denormals-are-zero bit is clear (the default).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "pagedattn/common.hpp"
+
+namespace pagedattn {
+namespace detail {
+
+// exp(x) for x <= 0 (scores minus their running max): range reduction to 2^n * exp(r) with
+// |r| <= ln2/2 and a degree-6 polynomial, relative error about 2e-7. Inputs below -87 give ~0.
+template <typename V> typename V::reg exp_negative(typename V::reg x) {
+    using R = typename V::reg;
+    x = V::max(x, V::set1(-87.f));
+    const R n = V::round(V::mul(x, V::set1(1.44269504088896341f)));
+    R r = V::fma(n, V::set1(-0.693359375f), x);
+    r = V::fma(n, V::set1(2.12194440e-4f), r);
+    R p = V::set1(1.9875691500e-4f);
+    p = V::fma(p, r, V::set1(1.3981999507e-3f));
+    p = V::fma(p, r, V::set1(8.3334519073e-3f));
+    p = V::fma(p, r, V::set1(4.1665795894e-2f));
+    p = V::fma(p, r, V::set1(1.6666665459e-1f));
+    p = V::fma(p, r, V::set1(5.0000001201e-1f));
+    p = V::fma(V::mul(p, r), r, V::add(r, V::set1(1.f)));
+    return V::mul(p, V::pow2(n));
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+struct avx512_f32 {
+    static constexpr int width = 16;
+    using reg = __m512;
+    static reg zero() { return _mm512_setzero_ps(); }
+    static reg set1(float x) { return _mm512_set1_ps(x); }
+    static reg load(const float *p) { return _mm512_loadu_ps(p); }
+    static void store(float *p, reg v) { _mm512_storeu_ps(p, v); }
+    static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
+    static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
+    static reg max(reg a, reg b) { return _mm512_max_ps(a, b); }
+    static reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
+    static reg round(reg x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+    static reg pow2(reg n) {
+        return _mm512_castsi512_ps(
+                _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+    }
+    static float reduce_add(reg v) { return _mm512_reduce_add_ps(v); }
+
+    // e4m3 S.EEEE.MMM: the magnitude bits shifted to f32's exponent/mantissa position give the value
+    // times 2^-120 (subnormals too); NaN codes (magnitude 0x7F) are patched after.
+    static reg load_e4m3(const void *p) {
+        const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(static_cast<const __m128i *>(p)));
+        const __m512i magnitude = _mm512_and_si512(x, _mm512_set1_epi32(0x7F));
+        const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x80)), 24);
+        __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(magnitude, 20)),
+                                 _mm512_set1_ps(0x1p120f));
+        v = _mm512_mask_mov_ps(v, _mm512_cmpeq_epi32_mask(magnitude, _mm512_set1_epi32(0x7F)),
+                               _mm512_set1_ps(NAN));
+        return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sign));
+    }
+    // e5m2 is the top byte of an f16.
+    static reg load_e5m2(const void *p) {
+        const __m256i h =
+                _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(static_cast<const __m128i *>(p))), 8);
+        return _mm512_cvtph_ps(h);
+    }
+    static reg load_bf16(const void *p) {
+        const __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(static_cast<const __m256i *>(p)));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+    }
+    static reg load_f16(const void *p) {
+        return _mm512_cvtph_ps(_mm256_loadu_si256(static_cast<const __m256i *>(p)));
+    }
+};
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+struct avx2_f32 {
+    static constexpr int width = 8;
+    using reg = __m256;
+    static reg zero() { return _mm256_setzero_ps(); }
+    static reg set1(float x) { return _mm256_set1_ps(x); }
+    static reg load(const float *p) { return _mm256_loadu_ps(p); }
+    static void store(float *p, reg v) { _mm256_storeu_ps(p, v); }
+    static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
+    static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
+    static reg max(reg a, reg b) { return _mm256_max_ps(a, b); }
+    static reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
+    static reg round(reg x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+    static reg pow2(reg n) {
+        return _mm256_castsi256_ps(
+                _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+    }
+    static float reduce_add(reg v) {
+        __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        return _mm_cvtss_f32(s);
+    }
+    static reg load_e4m3(const void *p) {
+        const __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64(static_cast<const __m128i *>(p)));
+        const __m256i magnitude = _mm256_and_si256(x, _mm256_set1_epi32(0x7F));
+        const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
+        __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(magnitude, 20)),
+                                 _mm256_set1_ps(0x1p120f));
+        const __m256 is_nan = _mm256_castsi256_ps(_mm256_cmpeq_epi32(magnitude, _mm256_set1_epi32(0x7F)));
+        v = _mm256_blendv_ps(v, _mm256_set1_ps(NAN), is_nan);
+        return _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(v), sign));
+    }
+    static reg load_e5m2(const void *p) {
+        const __m128i h =
+                _mm_slli_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64(static_cast<const __m128i *>(p))), 8);
+        return _mm256_cvtph_ps(h);
+    }
+    static reg load_bf16(const void *p) {
+        const __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i *>(p)));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+    }
+    static reg load_f16(const void *p) {
+        return _mm256_cvtph_ps(_mm_loadu_si128(static_cast<const __m128i *>(p)));
+    }
+};
+#endif
+
+/// n elements (n a multiple of V::width) of cache type dt, times `scale`, into dst.
+template <typename V> void dequantize_row(const void *src, data_type dt, int64_t n, float scale, float *dst) {
+    const typename V::reg s = V::set1(scale);
+    const char *bytes = static_cast<const char *>(src);
+    switch (dt) {
+        case data_type::f32:
+            for (int64_t i = 0; i < n; i += V::width)
+                V::store(dst + i, V::mul(V::load(reinterpret_cast<const float *>(bytes) + i), s));
+            break;
+        case data_type::bf16:
+            for (int64_t i = 0; i < n; i += V::width)
+                V::store(dst + i, V::mul(V::load_bf16(bytes + 2 * i), s));
+            break;
+        case data_type::f16:
+            for (int64_t i = 0; i < n; i += V::width)
+                V::store(dst + i, V::mul(V::load_f16(bytes + 2 * i), s));
+            break;
+        case data_type::f8_e4m3:
+            for (int64_t i = 0; i < n; i += V::width)
+                V::store(dst + i, V::mul(V::load_e4m3(bytes + i), s));
+            break;
+        case data_type::f8_e5m2:
+            for (int64_t i = 0; i < n; i += V::width)
+                V::store(dst + i, V::mul(V::load_e5m2(bytes + i), s));
+            break;
+        default: break;
+    }
+}
+
+} // namespace detail
+} // namespace pagedattn
