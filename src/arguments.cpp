@@ -2,16 +2,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace pagedattn {
 namespace detail {
 
-argument_checker::argument_checker(const char *primitive, const exec_args &args,
-                                   const std::vector<int> &allowed)
+argument_checker::argument_checker(const char *primitive, const exec_args &args, const argument_ids &allowed)
     : primitive_(primitive), args_(args) {
     for (const auto &entry : args) {
-        if (std::find(allowed.begin(), allowed.end(), entry.first) != allowed.end()) continue;
-        if (std::string(arg_name(entry.first)) == "unknown")
+        if (allowed.contains(entry.first)) continue;
+        if (std::strcmp(arg_name(entry.first), "unknown") == 0)
             throw_error(status::invalid_arguments, concat(primitive, ": unknown argument id ", entry.first));
         throw_error(status::invalid_arguments,
                     concat(primitive, ": argument ", arg_name(entry.first), " (id ", entry.first,
@@ -37,20 +37,18 @@ const tensor *argument_checker::optional(int arg) const {
 }
 
 void argument_checker::expect_type(const tensor &t, int arg, data_type expected) const {
-    expect(t.get_desc().get_data_type() == expected, arg,
-           concat("data type ", data_type_name(t.get_desc().get_data_type()), ", expected ",
-                  data_type_name(expected)));
+    PAGEDATTN_EXPECT(*this, t.get_desc().get_data_type() == expected, arg, "data type ",
+                     data_type_name(t.get_desc().get_data_type()), ", expected ", data_type_name(expected));
 }
 
-void argument_checker::expect_shape(const tensor &t, int arg, const dims &expected,
+void argument_checker::expect_shape(const tensor &t, int arg, std::initializer_list<dim> expected,
                                     const char *shape_text) const {
     const tensor_desc &d = t.get_desc();
     bool match = d.ndims() == static_cast<int>(expected.size());
     for (size_t i = 0; match && i < expected.size(); ++i)
-        match = expected[i] == runtime_dim || expected[i] == d.get_dims()[i];
-    expect(match, arg,
-           concat("dims ", dims_string(d.get_dims()), ", expected ", shape_text, " = ",
-                  dims_string(expected)));
+        match = expected.begin()[i] == runtime_dim || expected.begin()[i] == d.get_dims()[i];
+    PAGEDATTN_EXPECT(*this, match, arg, "dims ", dims_string(d.get_dims()), ", expected ", shape_text, " = ",
+                     dims_string(dims(expected)));
     for (dim v : d.get_dims())
         expect(v >= 0 && v != runtime_dim, arg, "dims must be known and non-negative at execute");
     for (dim s : d.get_strides())
@@ -60,29 +58,37 @@ void argument_checker::expect_shape(const tensor &t, int arg, const dims &expect
 }
 
 void argument_checker::expect_desc(const tensor &t, int arg, const tensor_desc &expected) const {
-    expect(t.get_desc() == expected, arg,
-           concat("descriptor ", t.get_desc().str(), " differs from the primitive_desc's ", expected.str(),
-                  " (allocate it from query_md)"));
+    PAGEDATTN_EXPECT(*this, t.get_desc() == expected, arg, "descriptor ", t.get_desc().str(),
+                     " differs from the primitive_desc's ", expected.str(), " (allocate it from query_md)");
 }
 
 void argument_checker::expect_scales(const tensor &t, int arg, int mask, const dims &cache_dims,
                                      bool values_are_inputs) const {
-    dims expected;
-    if (mask == scales_per_tensor)
-        expected = { 1 };
-    else if (mask == scales_per_kv_head)
-        expected = { cache_dims[1] };
-    else
-        expected = { cache_dims[0], cache_dims[1], cache_dims[2] };
+    dim expected[3] = { 1, 0, 0 };
+    int rank = 1;
+    if (mask == scales_per_kv_head) {
+        expected[0] = cache_dims[1];
+    } else if (mask == scales_per_token) {
+        expected[0] = cache_dims[0];
+        expected[1] = cache_dims[1];
+        expected[2] = cache_dims[2];
+        rank = 3;
+    }
     expect_type(t, arg, data_type::f32);
-    expect(t.get_desc().get_dims() == expected && t.get_desc() == tensor_desc(expected, data_type::f32), arg,
-           concat("dims ", dims_string(t.get_desc().get_dims()), ", expected dense ", dims_string(expected),
-                  " for scales mask ", mask));
+    const tensor_desc &d = t.get_desc();
+    bool dense = d.ndims() == rank;
+    dim stride = 1;
+    for (int i = rank - 1; dense && i >= 0; --i) {
+        dense = d.get_dims()[i] == expected[i] && (expected[i] == 1 || d.get_strides()[i] == stride);
+        stride *= expected[i];
+    }
+    PAGEDATTN_EXPECT(*this, dense, arg, "dims ", dims_string(d.get_dims()), ", expected dense ",
+                     dims_string(dims(expected, expected + rank)), " for scales mask ", mask);
     if (!values_are_inputs) return;
     const float *values = static_cast<const float *>(t.get_data_handle());
-    for (dim i = 0; i < t.get_desc().nelems(); ++i)
-        expect(std::isfinite(values[i]) && values[i] > 0.f, arg,
-               concat("scale ", values[i], " at index ", i, " must be finite and > 0"));
+    for (dim i = 0; i < d.nelems(); ++i)
+        PAGEDATTN_EXPECT(*this, std::isfinite(values[i]) && values[i] > 0.f, arg, "scale ", values[i],
+                         " at index ", i, " must be finite and > 0");
 }
 
 namespace {

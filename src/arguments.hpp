@@ -1,18 +1,40 @@
 // Checking execute arguments: every rule broken names the primitive, the argument and the rule.
 #pragma once
 
+#include <algorithm>
+#include <initializer_list>
 #include <string>
-#include <vector>
 
 #include "error.hpp"
 
 namespace pagedattn {
 namespace detail {
 
+/// A small set of argument ids (no allocation: execute stays allocation-free).
+class argument_ids {
+public:
+    argument_ids(std::initializer_list<int> ids) {
+        for (int id : ids)
+            add(id);
+    }
+    void add(int id) { ids_[count_++] = id; }
+    bool contains(int id) const { return std::find(ids_, ids_ + count_, id) != ids_ + count_; }
+
+private:
+    int ids_[24] = {};
+    int count_ = 0;
+};
+
+/// check.expect(condition, arg, concat(message...)), with the message built only on failure.
+#define PAGEDATTN_EXPECT(checker, condition, arg, ...)                                                       \
+    do {                                                                                                     \
+        if (!(condition)) (checker).fail(arg, ::pagedattn::detail::concat(__VA_ARGS__));                     \
+    } while (0)
+
 class argument_checker {
 public:
     /// Rejects ids outside `allowed` (unknown ids and ones this primitive does not expect here).
-    argument_checker(const char *primitive, const exec_args &args, const std::vector<int> &allowed);
+    argument_checker(const char *primitive, const exec_args &args, const argument_ids &allowed);
 
     /// The tensor of a required argument; its pointer must be non-null unless it has no elements.
     const tensor &required(int arg) const;
@@ -20,11 +42,14 @@ public:
     const tensor *optional(int arg) const;
 
     [[noreturn]] void fail(int arg, const std::string &rule) const;
-    void expect(bool condition, int arg, const std::string &rule) const {
+    /// A fixed rule; PAGEDATTN_EXPECT builds a composed message only when the check fails, so
+    /// that a valid execute allocates nothing.
+    void expect(bool condition, int arg, const char *rule) const {
         if (!condition) fail(arg, rule);
     }
     /// Rank, data type, dims (runtime_dim entries match anything) and a unit innermost stride.
-    void expect_shape(const tensor &t, int arg, const dims &expected, const char *shape_text) const;
+    void expect_shape(const tensor &t, int arg, std::initializer_list<dim> expected,
+                      const char *shape_text) const;
     void expect_type(const tensor &t, int arg, data_type expected) const;
     /// The tensor must equal `expected` exactly (caches: dims, strides, data type and layout).
     void expect_desc(const tensor &t, int arg, const tensor_desc &expected) const;

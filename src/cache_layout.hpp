@@ -22,7 +22,9 @@ class cache_view {
 public:
     /// `is_value`: the V order of the packed layout (else the K order).
     cache_view(const tensor_desc &cache, bool is_value)
-        : packed_(cache.get_layout() == layout::packed), value_(is_value), strides_(cache.get_strides()),
+        : packed_(cache.get_layout() == layout::packed),
+          value_(is_value), strides_ { cache.get_strides()[0], cache.get_strides()[1],
+                                       cache.get_strides()[2] },
           block_size_(cache.get_dims()[2]), head_size_(cache.get_dims()[3]) {}
     bool packed() const { return packed_; }
     /// Offset, in elements, of the (block, head) region (packed) or of row t = 0 (plain).
@@ -36,7 +38,7 @@ public:
 
 private:
     bool packed_, value_;
-    dims strides_;
+    dim strides_[3]; // block, head, token (plain); a copy without allocation
     dim block_size_, head_size_;
 };
 

@@ -1,4 +1,5 @@
 #include "primitive_desc_state.hpp"
+#include "scratch.hpp"
 
 namespace pagedattn {
 
@@ -42,8 +43,7 @@ const primitive_attr &primitive_desc_base::get_primitive_attr() const {
 namespace detail {
 
 size_t primitive_desc_state::scratchpad_bytes() const {
-    const size_t per_thread = (scratch_bytes_per_thread + 63) / 64 * 64;
-    return per_thread * static_cast<size_t>(max_threads) + (per_thread ? 64 : 0); // + alignment slack
+    return user_scratchpad_bytes(scratch_bytes_per_thread, max_threads, shared_scratch_bytes);
 }
 
 void check_engine(const char *primitive, const dnnl::engine &engine) {

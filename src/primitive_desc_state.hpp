@@ -26,6 +26,8 @@ struct primitive_desc_state {
     /// Threads the scratchpad is sized for: the arena's concurrency when the pd was created.
     int max_threads = 1;
     size_t scratch_bytes_per_thread = 0;
+    /// Bytes shared by the tasks of one execute (at most; a step may use less).
+    size_t shared_scratch_bytes = 0;
     size_t scratchpad_bytes() const;
 };
 

@@ -60,6 +60,7 @@ const char *arg_name(int arg) {
         case ARG_SINKS: return "sinks";
         case ARG_K_SCALES: return "k_scales";
         case ARG_V_SCALES: return "v_scales";
+        case ARG_PLAN: return "plan";
         default: return "unknown";
     }
 }

@@ -155,6 +155,7 @@ enum : int {
     ARG_SINKS = 327,
     ARG_K_SCALES = 328,
     ARG_V_SCALES = 329,
+    ARG_PLAN = 330,
 };
 /// "query", "k_cache", ... ("unknown" for ids the library does not define).
 const char *arg_name(int arg);

@@ -33,6 +33,7 @@ struct paged_attention_options {
 ///   ARG_ALIBI_SLOPES, ARG_SINKS   f32 [Hq], when the options say they are given
 ///   ARG_K_SCALES, ARG_V_SCALES    f32, when the attribute sets a scales mask for that cache
 ///   ARG_SCRATCHPAD      u8 [scratchpad_desc() size], in scratchpad_mode::user
+///   ARG_PLAN            optional: plan::as_tensor() of a plan built for this step
 class paged_attention {
 public:
     using options = paged_attention_options;
@@ -62,6 +63,30 @@ public:
         primitive_desc(const dnnl::engine &engine, const desc &d,
                        const primitive_attr &attr = primitive_attr(), bool allow_empty = false);
         const desc &get_desc() const;
+    };
+
+    /// The step's work partition (flashinfer's plan/run, vLLM's scheduler metadata): built once per
+    /// step from its seq lens and query start loc, then passed to every layer's execute as ARG_PLAN
+    /// so that execute does no planning (and, with a user scratchpad, allocates nothing). It carries
+    /// a fingerprint of the problem and the step it was built from; execute rejects a mismatch. It
+    /// balances the work for the calling arena's concurrency: when there are fewer work items than
+    /// threads (few long sequences) it splits KV ranges, merged afterwards with log-sum-exp.
+    class plan {
+    public:
+        plan() = default;
+        /// seq_lens s32 [S], query_start_loc s32 [S + 1], as for execute. forced_kv_splits > 0
+        /// splits every work item's KV range into that many pieces (1: none; capped by the
+        /// scratchpad's room), for tests; 0 lets the plan decide.
+        plan(const primitive_desc &pd, const tensor &seq_lens, const tensor &query_start_loc,
+             int forced_kv_splits = 0);
+        /// The plan as an argument: exec_args{..., {ARG_PLAN, plan.as_tensor()}}. The plan must
+        /// outlive the executes that use it.
+        tensor as_tensor() const;
+        /// Work items whose KV range was split across threads (0: none).
+        int split_items() const;
+
+    private:
+        std::shared_ptr<void> data_;
     };
 
     paged_attention() = default;

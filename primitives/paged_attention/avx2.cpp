@@ -6,7 +6,7 @@ namespace detail {
 
 const paged_attention_implementation paged_attention_avx2 = { "x64:avx2", cpu_isa::avx2,
                                                               x64::decline<avx2_f32>, x64::scratch_bytes,
-                                                              x64::execute<avx2_f32> };
+                                                              x64::run_item<avx2_f32> };
 
 } // namespace detail
 } // namespace pagedattn

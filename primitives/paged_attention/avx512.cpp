@@ -6,7 +6,7 @@ namespace detail {
 
 const paged_attention_implementation paged_attention_avx512 = { "x64:avx512", cpu_isa::avx512,
                                                                 x64::decline<avx512_f32>, x64::scratch_bytes,
-                                                                x64::execute<avx512_f32> };
+                                                                x64::run_item<avx512_f32> };
 
 } // namespace detail
 } // namespace pagedattn

@@ -5,10 +5,15 @@
 #include <cmath>
 
 #include "paged_attention_internal.hpp"
+#include "plan.hpp"
 #include "src/arguments.hpp"
 #include "src/cache_desc.hpp"
 #include "src/fp8.hpp"
 #include "src/primitive_desc_state.hpp"
+
+#include <limits>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
 
 namespace pagedattn {
 namespace detail {
@@ -94,6 +99,8 @@ struct pd_state : primitive_desc_state {
         if (impl_index < 0) return false;
         impl_name = implementation().name;
         scratch_bytes_per_thread = implementation().scratch_bytes_per_thread(problem);
+        shared_scratch_bytes =
+                static_cast<size_t>(max_partials(max_threads)) * partial_floats(problem) * sizeof(float);
         return true;
     }
 
@@ -103,6 +110,89 @@ struct pd_state : primitive_desc_state {
         return copy;
     }
 };
+
+// Combines the partial results of a split KV range with log-sum-exp: weights exp(max_i - max).
+void merge_group(const paged_attention_problem &p, const paged_attention_arguments &a, const split_group &g,
+                 const float *partials) {
+    const dim group = p.q_heads / p.kv_heads, d = p.head_size;
+    const dim rows = (g.last_token - g.first_token) * group;
+    const size_t stride = partial_floats(p);
+    const dim q_begin = a.query_start_loc[g.seq];
+    float out[max_head_size];
+    for (dim r = 0; r < rows; ++r) {
+        const dim token = q_begin + g.first_token + r / group, head = g.kv_head * group + r % group;
+        float max = a.sinks ? a.sinks[head] : -std::numeric_limits<float>::infinity();
+        for (int32_t i = 0; i < g.count; ++i) {
+            const float *part = partials + (g.first_partial + i) * stride;
+            max = std::max(max, part[rows * d + r]);
+        }
+        float sum = a.sinks && max != -std::numeric_limits<float>::infinity() ? std::exp(a.sinks[head] - max)
+                                                                              : 0.f;
+        std::fill(out, out + d, 0.f);
+        for (int32_t i = 0; i < g.count; ++i) {
+            const float *part = partials + (g.first_partial + i) * stride;
+            const float part_sum = part[rows * d + rows + r];
+            if (part_sum == 0.f) continue; // nothing visible in this piece
+            const float weight = std::exp(part[rows * d + r] - max);
+            sum += weight * part_sum;
+            for (dim k = 0; k < d; ++k)
+                out[k] += weight * part[r * d + k];
+        }
+        const float inverse = sum > 0.f ? 1.f / sum : 0.f; // a fully masked row yields zeros
+        for (dim k = 0; k < d; ++k)
+            out[k] *= inverse;
+        char *dst = static_cast<char *>(a.dst) + (token * a.dst_token_stride + head * a.dst_head_stride) *
+                                                         static_cast<dim>(data_type_size(p.dst_type));
+        convert_row_from_f32(out, d, 1.f, p.dst_type, dst);
+    }
+}
+
+// Runs every work item in parallel, then, as a second phase, merges the split ones.
+void run_plan(const paged_attention_problem &p, const paged_attention_arguments &a, const plan_data &plan,
+              const paged_attention_implementation &impl, const thread_scratch &scratch) {
+    float *partials = reinterpret_cast<float *>(scratch.shared());
+    const size_t stride = partial_floats(p);
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, plan.items.size()),
+                      [&](const tbb::blocked_range<size_t> &range) {
+                          float *buffer = reinterpret_cast<float *>(scratch.get());
+                          for (size_t i = range.begin(); i != range.end(); ++i) {
+                              const work_item &item = plan.items[i];
+                              impl.run_item(p, a, item, buffer,
+                                            item.partial < 0 ? nullptr : partials + item.partial * stride);
+                          }
+                      });
+    if (plan.groups.empty()) return;
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, plan.groups.size()),
+                      [&](const tbb::blocked_range<size_t> &range) {
+                          for (size_t i = range.begin(); i != range.end(); ++i)
+                              merge_group(p, a, plan.groups[i], partials);
+                      });
+}
+
+// Query start loc and seq lens of a step: shapes, types, and the values' rules. Returns S.
+dim check_step(const argument_checker &check, const tensor &query_start_loc, const tensor &seq_lens) {
+    check.expect_type(query_start_loc, ARG_QUERY_START_LOC, data_type::s32);
+    PAGEDATTN_EXPECT(check,
+                     query_start_loc.get_desc().ndims() == 1 && query_start_loc.get_desc().get_dims()[0] >= 1,
+                     ARG_QUERY_START_LOC, "dims ", dims_string(query_start_loc.get_desc().get_dims()),
+                     ", expected [S + 1]");
+    const dim num_seqs = query_start_loc.get_desc().get_dims()[0] - 1;
+    check.expect_shape(query_start_loc, ARG_QUERY_START_LOC, { num_seqs + 1 }, "[S + 1]");
+    check.expect_type(seq_lens, ARG_SEQ_LENS, data_type::s32);
+    check.expect_shape(seq_lens, ARG_SEQ_LENS, { num_seqs }, "[S] (S from query_start_loc)");
+    const int32_t *starts = static_cast<const int32_t *>(query_start_loc.get_data_handle());
+    const int32_t *lens = static_cast<const int32_t *>(seq_lens.get_data_handle());
+    PAGEDATTN_EXPECT(check, starts[0] == 0, ARG_QUERY_START_LOC, "starts at ", starts[0],
+                     ", must start at 0");
+    for (dim s = 0; s < num_seqs; ++s) {
+        PAGEDATTN_EXPECT(check, starts[s + 1] >= starts[s], ARG_QUERY_START_LOC, "decreases at sequence ", s,
+                         " (", starts[s], " then ", starts[s + 1], ")");
+        const dim q_len = starts[s + 1] - starts[s];
+        PAGEDATTN_EXPECT(check, lens[s] >= q_len, ARG_SEQ_LENS, "sequence ", s, " has seq_len ", lens[s],
+                         " < its query length ", q_len);
+    }
+    return num_seqs;
+}
 
 const pd_state &state_of(const primitive_desc_base &pd) {
     if (!pd) throw_error(status::invalid_arguments, concat(primitive_name, ": the primitive_desc is empty"));
@@ -196,13 +286,14 @@ void paged_attention::execute(const dnnl::stream &stream, const exec_args &args)
     if (!stream)
         throw_error(status::invalid_arguments, concat(primitive_name, ": stream: empty dnnl::stream"));
 
-    std::vector<int> allowed = { ARG_QUERY,    ARG_K_CACHE,         ARG_V_CACHE, ARG_BLOCK_TABLE,
-                                 ARG_SEQ_LENS, ARG_QUERY_START_LOC, ARG_DST };
-    if (p.options.alibi_slopes) allowed.push_back(ARG_ALIBI_SLOPES);
-    if (p.options.sinks) allowed.push_back(ARG_SINKS);
-    if (p.k_scales_mask >= 0) allowed.push_back(ARG_K_SCALES);
-    if (p.v_scales_mask >= 0) allowed.push_back(ARG_V_SCALES);
-    if (state.attr.get_scratchpad_mode() == scratchpad_mode::user) allowed.push_back(ARG_SCRATCHPAD);
+    argument_ids allowed = { ARG_QUERY,    ARG_K_CACHE,         ARG_V_CACHE, ARG_BLOCK_TABLE,
+                             ARG_SEQ_LENS, ARG_QUERY_START_LOC, ARG_DST };
+    if (p.options.alibi_slopes) allowed.add(ARG_ALIBI_SLOPES);
+    if (p.options.sinks) allowed.add(ARG_SINKS);
+    if (p.k_scales_mask >= 0) allowed.add(ARG_K_SCALES);
+    if (p.v_scales_mask >= 0) allowed.add(ARG_V_SCALES);
+    if (state.attr.get_scratchpad_mode() == scratchpad_mode::user) allowed.add(ARG_SCRATCHPAD);
+    allowed.add(ARG_PLAN);
     argument_checker check(primitive_name, args, allowed);
 
     const tensor &query = check.required(ARG_QUERY);
@@ -221,16 +312,8 @@ void paged_attention::execute(const dnnl::stream &stream, const exec_args &args)
     check.expect_desc(v_cache, ARG_V_CACHE, p.v_cache);
 
     const tensor &query_start_loc = check.required(ARG_QUERY_START_LOC);
-    check.expect_type(query_start_loc, ARG_QUERY_START_LOC, data_type::s32);
-    check.expect(query_start_loc.get_desc().ndims() == 1 && query_start_loc.get_desc().get_dims()[0] >= 1,
-                 ARG_QUERY_START_LOC,
-                 concat("dims ", dims_string(query_start_loc.get_desc().get_dims()), ", expected [S + 1]"));
-    const dim num_seqs = query_start_loc.get_desc().get_dims()[0] - 1;
-    check.expect_shape(query_start_loc, ARG_QUERY_START_LOC, { num_seqs + 1 }, "[S + 1]");
-
     const tensor &seq_lens = check.required(ARG_SEQ_LENS);
-    check.expect_type(seq_lens, ARG_SEQ_LENS, data_type::s32);
-    check.expect_shape(seq_lens, ARG_SEQ_LENS, { num_seqs }, "[S] (S from query_start_loc)");
+    const dim num_seqs = check_step(check, query_start_loc, seq_lens);
 
     const tensor &block_table = check.required(ARG_BLOCK_TABLE);
     check.expect_type(block_table, ARG_BLOCK_TABLE, data_type::s32);
@@ -241,25 +324,19 @@ void paged_attention::execute(const dnnl::stream &stream, const exec_args &args)
     const int32_t *starts = static_cast<const int32_t *>(query_start_loc.get_data_handle());
     const int32_t *lens = static_cast<const int32_t *>(seq_lens.get_data_handle());
     const int32_t *table = static_cast<const int32_t *>(block_table.get_data_handle());
-    check.expect(starts[0] == 0, ARG_QUERY_START_LOC, concat("starts at ", starts[0], ", must start at 0"));
     for (dim s = 0; s < num_seqs; ++s) {
-        check.expect(starts[s + 1] >= starts[s], ARG_QUERY_START_LOC,
-                     concat("decreases at sequence ", s, " (", starts[s], " then ", starts[s + 1], ")"));
-        const dim q_len = starts[s + 1] - starts[s];
-        check.expect(lens[s] >= q_len, ARG_SEQ_LENS,
-                     concat("sequence ", s, " has seq_len ", lens[s], " < its query length ", q_len));
         const dim blocks_needed = (lens[s] + p.block_size - 1) / p.block_size;
-        check.expect(blocks_needed <= table_width, ARG_BLOCK_TABLE,
-                     concat("sequence ", s, " needs ", blocks_needed, " blocks for seq_len ", lens[s],
-                            ", the table has ", table_width, " columns"));
+        PAGEDATTN_EXPECT(check, blocks_needed <= table_width, ARG_BLOCK_TABLE, "sequence ", s, " needs ",
+                         blocks_needed, " blocks for seq_len ", lens[s], ", the table has ", table_width,
+                         " columns");
         for (dim b = 0; b < blocks_needed; ++b) {
             const int32_t block = table[s * table_stride + b];
-            check.expect(block >= 0 && block < p.num_blocks, ARG_BLOCK_TABLE,
-                         concat("entry [", s, ", ", b, "] = ", block, " is outside [0, ", p.num_blocks, ")"));
+            PAGEDATTN_EXPECT(check, block >= 0 && block < p.num_blocks, ARG_BLOCK_TABLE, "entry [", s, ", ",
+                             b, "] = ", block, " is outside [0, ", p.num_blocks, ")");
         }
     }
-    check.expect(starts[num_seqs] == num_tokens, ARG_QUERY_START_LOC,
-                 concat("ends at ", starts[num_seqs], ", must end at T = ", num_tokens));
+    PAGEDATTN_EXPECT(check, starts[num_seqs] == num_tokens, ARG_QUERY_START_LOC, "ends at ", starts[num_seqs],
+                     ", must end at T = ", num_tokens);
 
     paged_attention_arguments a {};
     a.num_tokens = num_tokens;
@@ -281,9 +358,7 @@ void paged_attention::execute(const dnnl::stream &stream, const exec_args &args)
         if (!given) continue;
         const tensor &t = check.required(arg);
         check.expect_type(t, arg, data_type::f32);
-        check.expect(t.get_desc() == tensor_desc({ p.q_heads }, data_type::f32), arg,
-                     concat("dims ", dims_string(t.get_desc().get_dims()), ", expected dense [Hq] = [",
-                            p.q_heads, "]"));
+        check.expect_shape(t, arg, { p.q_heads }, "[Hq]");
         (arg == ARG_ALIBI_SLOPES ? a.alibi_slopes : a.sinks) =
                 static_cast<const float *>(t.get_data_handle());
     }
@@ -295,15 +370,35 @@ void paged_attention::execute(const dnnl::stream &stream, const exec_args &args)
         (arg == ARG_K_SCALES ? a.k_scales : a.v_scales) = static_cast<const float *>(t.get_data_handle());
     }
 
+    // The partition: the caller's plan (checked against this step), or one built here.
+    const plan_data *plan = nullptr;
+    plan_data local_plan;
+    if (const tensor *given = check.optional(ARG_PLAN)) {
+        plan = static_cast<const plan_data *>(given->get_data_handle());
+        check.expect(given->get_desc().get_size() == sizeof(plan_data) && plan->header == plan_data::magic,
+                     ARG_PLAN, "not a paged_attention::plan (pass plan.as_tensor())");
+        check.expect(
+                plan->fingerprint == plan_fingerprint(p, num_seqs, lens, starts, plan->forced_kv_splits),
+                ARG_PLAN,
+                "built for another step or primitive_desc (seq lens, query start loc or problem differ)");
+    } else {
+        build_plan(p, num_seqs, lens, starts, current_max_threads(), 0, max_partials(state.max_threads),
+                   local_plan);
+        plan = &local_plan;
+    }
+
     const paged_attention_implementation &impl = state.implementation();
+    const size_t partial_size = partial_floats(p);
     if (state.attr.get_scratchpad_mode() == scratchpad_mode::user) {
         const tensor &scratchpad = check.required(ARG_SCRATCHPAD);
         const thread_scratch scratch(primitive_name, scratchpad.get_data_handle(),
-                                     scratchpad.get_desc().get_size(), state.scratchpad_bytes(),
-                                     state.scratch_bytes_per_thread, state.max_threads);
-        impl.execute(p, a, scratch);
+                                     scratchpad.get_desc().get_size(), state.scratch_bytes_per_thread,
+                                     state.max_threads, state.shared_scratch_bytes);
+        run_plan(p, a, *plan, impl, scratch);
     } else {
-        impl.execute(p, a, thread_scratch(static_cast<library_scratch *>(resources_.get())));
+        const thread_scratch scratch(static_cast<library_scratch *>(resources_.get()),
+                                     plan->partials * partial_size * sizeof(float));
+        run_plan(p, a, *plan, impl, scratch);
     }
 
     if (get_verbose() >= 1)
@@ -311,6 +406,34 @@ void paged_attention::execute(const dnnl::stream &stream, const exec_args &args)
                              " k_cache:", p.k_cache.str(), " v_cache:", p.v_cache.str(), " dst:",
                              dst.get_desc().str(), ",", attr_string(state.attr), ",", problem_string(p), " t",
                              num_tokens, ":s", num_seqs, ":w", table_width, ",", milliseconds_since(start)));
+}
+
+paged_attention::plan::plan(const primitive_desc &pd, const tensor &seq_lens, const tensor &query_start_loc,
+                            int forced_kv_splits) {
+    using namespace detail;
+    const pd_state &state = state_of(pd);
+    const exec_args args = { { ARG_SEQ_LENS, seq_lens }, { ARG_QUERY_START_LOC, query_start_loc } };
+    const argument_checker check("paged_attention::plan", args, { ARG_SEQ_LENS, ARG_QUERY_START_LOC });
+    const dim num_seqs = check_step(check, check.required(ARG_QUERY_START_LOC), check.required(ARG_SEQ_LENS));
+    auto data = std::make_shared<plan_data>();
+    build_plan(state.problem, num_seqs, static_cast<const int32_t *>(seq_lens.get_data_handle()),
+               static_cast<const int32_t *>(query_start_loc.get_data_handle()), current_max_threads(),
+               forced_kv_splits, max_partials(state.max_threads), *data);
+    data_ = data;
+}
+
+tensor paged_attention::plan::as_tensor() const {
+    if (!data_) detail::throw_error(status::invalid_arguments, "paged_attention::plan: the plan is empty");
+    return tensor(tensor_desc({ static_cast<dim>(sizeof(detail::plan_data)) }, data_type::u8), data_.get());
+}
+
+int paged_attention::plan::split_items() const {
+    if (!data_) return 0;
+    const auto &data = *static_cast<const detail::plan_data *>(data_.get());
+    int count = 0;
+    for (const auto &group : data.groups)
+        count += group.count;
+    return count;
 }
 
 void paged_attention::execute(const dnnl::stream &stream,

@@ -35,14 +35,20 @@ struct paged_attention_arguments {
     const float *k_scales, *v_scales;  // null when the cache has no scales
 };
 
+struct work_item; // plan.hpp
+
 struct paged_attention_implementation {
     const char *name; // impl_info_str
     cpu_isa isa;      // what the host (and the caps) must allow
     /// Empty when it accepts the problem, else why not (PAGEDATTN_VERBOSE=3 prints it).
     std::string (*decline)(const paged_attention_problem &, const primitive_attr &);
     size_t (*scratch_bytes_per_thread)(const paged_attention_problem &);
-    void (*execute)(const paged_attention_problem &, const paged_attention_arguments &,
-                    const thread_scratch &);
+    /// Computes one work item with `scratch_bytes_per_thread` bytes of `scratch`: into dst, or,
+    /// when `partial` is not null (a split KV range), into the partial result: rows x head_size
+    /// unnormalized outputs (V scales applied), then rows maxima, then rows sums; sinks are left
+    /// to the merge.
+    void (*run_item)(const paged_attention_problem &, const paged_attention_arguments &, const work_item &,
+                     float *scratch, float *partial);
 };
 
 /// The list, best first, reference last (implementation_list.cpp).

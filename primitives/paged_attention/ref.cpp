@@ -11,9 +11,9 @@
 #include <tbb/parallel_for.h>
 
 #include "paged_attention_internal.hpp"
+#include "plan.hpp"
 #include "src/cache_layout.hpp"
 #include "src/fp8.hpp"
-#include "work_items.hpp"
 
 namespace pagedattn {
 namespace detail {
@@ -45,7 +45,7 @@ size_t scratch_bytes(const paged_attention_problem &p) {
 }
 
 void run_item(const paged_attention_problem &p, const paged_attention_arguments &a, const work_item &item,
-              float *scratch) {
+              float *scratch, float *partial) {
     const scratch_layout layout(p);
     const dim group = p.q_heads / p.kv_heads, d = p.head_size, bs = p.block_size;
     const auto &o = p.options;
@@ -58,7 +58,7 @@ void run_item(const paged_attention_problem &p, const paged_attention_arguments 
     float *q = scratch + layout.q, *acc = scratch + layout.acc, *row_max = scratch + layout.max;
     float *row_sum = scratch + layout.sum, *keys = scratch + layout.keys, *values = scratch + layout.values;
     float *scores = scratch + layout.scores;
-    const size_t q_size = data_type_size(p.query_type), dst_size = data_type_size(p.dst_type);
+    const size_t q_size = data_type_size(p.query_type);
 
     for (dim r = 0; r < rows; ++r) {
         const dim token = q_begin + item.first_token + r / group, head = item.kv_head * group + r % group;
@@ -67,8 +67,9 @@ void run_item(const paged_attention_problem &p, const paged_attention_arguments 
                 (token * a.query_token_stride + head * a.query_head_stride) * static_cast<dim>(q_size);
         convert_row_to_f32(src, p.query_type, d, 1.f, q + r * d);
         std::fill(acc + r * d, acc + (r + 1) * d, 0.f);
-        row_max[r] = a.sinks ? a.sinks[head] : -std::numeric_limits<float>::infinity();
-        row_sum[r] = a.sinks ? 1.f : 0.f; // exp(sink - max) with max = sink
+        const bool sink = a.sinks && !partial; // a split item leaves the sink to the merge
+        row_max[r] = sink ? a.sinks[head] : -std::numeric_limits<float>::infinity();
+        row_sum[r] = sink ? 1.f : 0.f; // exp(sink - max) with max = sink
     }
 
     // The KV range any row of the tile can see.
@@ -77,6 +78,8 @@ void run_item(const paged_attention_problem &p, const paged_attention_arguments 
     dim kv_end = o.causal ? last_position + 1 : seq_len;
     if (o.window_right >= 0) kv_end = std::min(kv_end, last_position + o.window_right + 1);
     kv_end = std::min(kv_end, seq_len);
+    kv_begin = std::max(kv_begin, item.kv_begin); // this item's piece of a split range
+    kv_end = std::min(kv_end, item.kv_end);
 
     const cache_view k_view(p.k_cache, false), v_view(p.v_cache, true);
     const data_type k_type = p.k_cache.get_data_type(), v_type = p.v_cache.get_data_type();
@@ -140,33 +143,13 @@ void run_item(const paged_attention_problem &p, const paged_attention_arguments 
         }
     }
 
-    for (dim r = 0; r < rows; ++r) {
-        const dim token = q_begin + item.first_token + r / group, head = item.kv_head * group + r % group;
-        float *out = acc + r * d;
-        const float inverse = row_sum[r] > 0.f ? 1.f / row_sum[r] : 0.f; // a fully masked row yields zeros
-        for (dim i = 0; i < d; ++i)
-            out[i] *= inverse;
-        char *dst = static_cast<char *>(a.dst) +
-                    (token * a.dst_token_stride + head * a.dst_head_stride) * static_cast<dim>(dst_size);
-        convert_row_from_f32(out, d, 1.f, p.dst_type, dst);
-    }
-}
-
-void execute(const paged_attention_problem &p, const paged_attention_arguments &a,
-             const thread_scratch &scratch) {
-    const std::vector<work_item> items = build_work_items(p, a);
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, items.size()),
-                      [&](const tbb::blocked_range<size_t> &range) {
-                          float *buffer = reinterpret_cast<float *>(scratch.get());
-                          for (size_t i = range.begin(); i != range.end(); ++i)
-                              run_item(p, a, items[i], buffer);
-                      });
+    store_item_output(p, a, item, acc, row_max, row_sum, 1.f, partial);
 }
 
 } // namespace
 
 const paged_attention_implementation paged_attention_ref = { "ref:any", cpu_isa::generic, decline,
-                                                             scratch_bytes, execute };
+                                                             scratch_bytes, run_item };
 
 } // namespace detail
 } // namespace pagedattn

@@ -20,10 +20,10 @@
 #include <tbb/parallel_for.h>
 
 #include "paged_attention_internal.hpp"
+#include "plan.hpp"
 #include "src/error.hpp"
 #include "src/fp8.hpp"
 #include "src/x64/f32_vectors.hpp"
-#include "work_items.hpp"
 
 namespace pagedattn {
 namespace detail {
@@ -78,7 +78,7 @@ template <typename V> void add_weighted(float *out, float weight, const float *v
 
 template <typename V>
 void run_item(const paged_attention_problem &p, const paged_attention_arguments &a, const work_item &item,
-              float *scratch) {
+              float *scratch, float *partial) {
     constexpr float minus_infinity = -std::numeric_limits<float>::infinity();
     const scratch_layout layout(p);
     const auto &o = p.options;
@@ -101,7 +101,6 @@ void run_item(const paged_attention_problem &p, const paged_attention_arguments 
     const float out_factor =
             v_per_token ? 1.f : row_scale(a.v_scales, p.v_scales_mask, p, 0, item.kv_head, 0);
 
-    dim kv_begin = seq_len, kv_end = 0;
     for (dim r = 0; r < rows; ++r) {
         const dim t = item.first_token + r / group, head = item.kv_head * group + r % group;
         const char *src = static_cast<const char *>(a.query) +
@@ -111,14 +110,11 @@ void run_item(const paged_attention_problem &p, const paged_attention_arguments 
         for (dim i = 0; i < d; ++i)
             q[r * d + i] *= q_factor;
         std::fill(acc + r * d, acc + (r + 1) * d, 0.f);
-        row_max[r] = a.sinks ? a.sinks[head] : minus_infinity;
-        row_sum[r] = a.sinks ? 1.f : 0.f;
-        const kv_range visible = visible_range(o, context + t, seq_len);
-        if (visible.begin < visible.end) {
-            kv_begin = std::min(kv_begin, visible.begin);
-            kv_end = std::max(kv_end, visible.end);
-        }
+        const bool sink = a.sinks && !partial; // a split item leaves the sink to the merge
+        row_max[r] = sink ? a.sinks[head] : minus_infinity;
+        row_sum[r] = sink ? 1.f : 0.f;
     }
+    const dim kv_begin = item.kv_begin, kv_end = item.kv_end; // the plan's range (each row masks its own)
 
     const data_type k_type = p.k_cache.get_data_type(), v_type = p.v_cache.get_data_type();
     const dim k_size = static_cast<dim>(data_type_size(k_type)),
@@ -198,29 +194,7 @@ void run_item(const paged_attention_problem &p, const paged_attention_arguments 
         j0 = j1;
     }
 
-    for (dim r = 0; r < rows; ++r) {
-        const dim t = item.first_token + r / group, head = item.kv_head * group + r % group;
-        const float inverse = row_sum[r] > 0.f ? out_factor / row_sum[r] : 0.f; // fully masked: zeros
-        float *out = acc + r * d;
-        for (dim i = 0; i < d; ++i)
-            out[i] *= inverse;
-        char *dst =
-                static_cast<char *>(a.dst) + ((q_begin + t) * a.dst_token_stride + head * a.dst_head_stride) *
-                                                     static_cast<dim>(data_type_size(p.dst_type));
-        convert_row_from_f32(out, d, 1.f, p.dst_type, dst);
-    }
-}
-
-template <typename V>
-void execute(const paged_attention_problem &p, const paged_attention_arguments &a,
-             const thread_scratch &scratch) {
-    const std::vector<work_item> items = build_work_items(p, a);
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, items.size()),
-                      [&](const tbb::blocked_range<size_t> &range) {
-                          float *buffer = reinterpret_cast<float *>(scratch.get());
-                          for (size_t i = range.begin(); i != range.end(); ++i)
-                              run_item<V>(p, a, items[i], buffer);
-                      });
+    store_item_output(p, a, item, acc, row_max, row_sum, out_factor, partial);
 }
 
 } // namespace x64

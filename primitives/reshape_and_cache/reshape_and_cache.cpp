@@ -178,9 +178,9 @@ void reshape_and_cache::execute(const dnnl::stream &stream, const exec_args &arg
     if (!stream)
         throw_error(status::invalid_arguments, concat(primitive_name, ": stream: empty dnnl::stream"));
 
-    std::vector<int> allowed = { ARG_KEY, ARG_VALUE, ARG_K_CACHE, ARG_V_CACHE, ARG_SLOT_MAPPING };
-    if (p.k_scales_mask >= 0) allowed.push_back(ARG_K_SCALES);
-    if (p.v_scales_mask >= 0) allowed.push_back(ARG_V_SCALES);
+    argument_ids allowed = { ARG_KEY, ARG_VALUE, ARG_K_CACHE, ARG_V_CACHE, ARG_SLOT_MAPPING };
+    if (p.k_scales_mask >= 0) allowed.add(ARG_K_SCALES);
+    if (p.v_scales_mask >= 0) allowed.add(ARG_V_SCALES);
     argument_checker check(primitive_name, args, allowed);
 
     const tensor &key = check.required(ARG_KEY);
@@ -199,8 +199,8 @@ void reshape_and_cache::execute(const dnnl::stream &stream, const exec_args &arg
     const tensor &slot_mapping = check.required(ARG_SLOT_MAPPING);
     check.expect_shape(slot_mapping, ARG_SLOT_MAPPING, { num_tokens }, "[T] (T of key)");
     const data_type slot_type = slot_mapping.get_desc().get_data_type();
-    check.expect(slot_type == data_type::s64 || slot_type == data_type::s32, ARG_SLOT_MAPPING,
-                 concat("data type ", data_type_name(slot_type), ", expected s64 or s32"));
+    PAGEDATTN_EXPECT(check, slot_type == data_type::s64 || slot_type == data_type::s32, ARG_SLOT_MAPPING,
+                     "data type ", data_type_name(slot_type), ", expected s64 or s32");
 
     reshape_and_cache_arguments a {};
     a.num_tokens = num_tokens;
@@ -219,9 +219,8 @@ void reshape_and_cache::execute(const dnnl::stream &stream, const exec_args &arg
     const dim num_slots = p.num_blocks * p.block_size;
     for (dim t = 0; t < num_tokens; ++t) {
         const dim slot = a.slots64 ? a.slots64[t] : a.slots32[t];
-        check.expect(slot < num_slots, ARG_SLOT_MAPPING,
-                     concat("slot ", slot, " of token ", t, " is outside the cache's ", num_slots,
-                            " slots (num_blocks * block_size)"));
+        PAGEDATTN_EXPECT(check, slot < num_slots, ARG_SLOT_MAPPING, "slot ", slot, " of token ", t,
+                         " is outside the cache's ", num_slots, " slots (num_blocks * block_size)");
     }
     for (int arg : { ARG_K_SCALES, ARG_V_SCALES }) {
         const int mask = arg == ARG_K_SCALES ? p.k_scales_mask : p.v_scales_mask;
