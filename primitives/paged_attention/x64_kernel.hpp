@@ -1,13 +1,17 @@
 // The x64 paged_attention kernel, written once over an f32 vector type (avx2_f32, avx512_f32) and
 // instantiated by the thin per-ISA files avx2.cpp and avx512.cpp. f32 products and accumulation for
-// every input type (so it meets fpmath_mode::strict), the plain cache layout.
+// every input type (so it meets fpmath_mode::strict), both cache layouts.
 //
-// Per work item (sequence, kv head, query tile) it walks the visible KV tokens block by block
-// through the block table, in chunks of up to `chunk` tokens: each K row is dequantized once and
-// serves every q head of the kv head (GQA) and every query token of the tile; scores get the
-// per-token K scale, soft-cap and ALiBi; an online softmax in f32 rescales the accumulators once
-// per chunk; each V row is dequantized once and accumulated into every row. Per-tensor and per-head
-// K scales are folded into q, V scales into the output.
+// Per work item (sequence, kv head, query tile) it walks the item's KV range through the block
+// table in chunks of 16 tokens; the q heads of the kv head and the query tokens of the tile are the
+// rows of the item (GQA: each K/V element loaded serves all of them). Scores get the per-token K
+// scale, soft-cap and ALiBi; an online softmax in f32 rescales the accumulators once per chunk.
+// Per-tensor and per-head K scales are folded into q, V scales into the output, per-token V scales
+// into the probabilities.
+//   plain:  each K row is dequantized once into L1 and dotted with every row; each V row likewise.
+//   packed: tokens sit in vector lanes (K rows of 16 tokens x a dim pair, V rows of 16 dims x a
+//           token pair), so FP8/bf16 are dequantized in registers right before the FMAs and scores
+//           need no horizontal sums.
 #pragma once
 
 #include <algorithm>
@@ -21,6 +25,7 @@
 
 #include "paged_attention_internal.hpp"
 #include "plan.hpp"
+#include "src/cache_layout.hpp"
 #include "src/error.hpp"
 #include "src/fp8.hpp"
 #include "src/x64/f32_vectors.hpp"
@@ -34,13 +39,12 @@ constexpr dim chunk = 16;
 template <typename V> std::string decline(const paged_attention_problem &p, const primitive_attr &) {
     if (p.head_size % V::width != 0)
         return concat("head size ", p.head_size, " is not a multiple of ", V::width);
-    if (p.k_cache.get_layout() != layout::plain || p.v_cache.get_layout() != layout::plain)
-        return "reads the plain layout only";
+    if (p.k_cache.get_layout() != p.v_cache.get_layout()) return "K and V caches in different layouts";
     return {};
 }
 
 struct scratch_layout {
-    size_t q, acc, scores, row_max, row_sum, k_row, v_row, total; // offsets in floats
+    size_t q, acc, scores, row_max, row_sum, correction, k_row, v_row, total; // offsets in floats
     explicit scratch_layout(const paged_attention_problem &p) {
         const size_t rows = static_cast<size_t>(tokens_per_tile(p) * (p.q_heads / p.kv_heads));
         const size_t d = static_cast<size_t>(p.head_size);
@@ -49,7 +53,8 @@ struct scratch_layout {
         scores = acc + rows * d;
         row_max = scores + rows * chunk;
         row_sum = row_max + rows;
-        k_row = row_sum + rows;
+        correction = row_sum + rows;
+        k_row = correction + rows;
         v_row = k_row + d;
         total = v_row + d;
     }
@@ -57,6 +62,44 @@ struct scratch_layout {
 
 inline size_t scratch_bytes(const paged_attention_problem &p) {
     return scratch_layout(p).total * sizeof(float);
+}
+
+// The rows of a work item: (query token, q head) pairs, q in f32 times the softmax scale and any
+// K scale that does not vary per token; accumulators zeroed; maxima and sums started (from the
+// sink, unless the item is a piece of a split range).
+struct item_rows {
+    bool k_per_token, v_per_token;
+    float out_factor; // V scale that does not vary per token
+};
+
+inline item_rows prepare_rows(const paged_attention_problem &p, const paged_attention_arguments &a,
+                              const work_item &item, float *q, float *acc, float *row_max, float *row_sum,
+                              const float *partial) {
+    const auto &o = p.options;
+    const dim group = p.q_heads / p.kv_heads, d = p.head_size;
+    const dim q_begin = a.query_start_loc[item.seq];
+    const dim rows = (item.last_token - item.first_token) * group;
+    item_rows info;
+    info.k_per_token = p.k_scales_mask == scales_per_token;
+    info.v_per_token = p.v_scales_mask == scales_per_token;
+    const float q_factor =
+            o.softmax_scale *
+            (info.k_per_token ? 1.f : row_scale(a.k_scales, p.k_scales_mask, p, 0, item.kv_head, 0));
+    info.out_factor = info.v_per_token ? 1.f : row_scale(a.v_scales, p.v_scales_mask, p, 0, item.kv_head, 0);
+    for (dim r = 0; r < rows; ++r) {
+        const dim t = item.first_token + r / group, head = item.kv_head * group + r % group;
+        const char *src = static_cast<const char *>(a.query) +
+                          ((q_begin + t) * a.query_token_stride + head * a.query_head_stride) *
+                                  static_cast<dim>(data_type_size(p.query_type));
+        convert_row_to_f32(src, p.query_type, d, 1.f, q + r * d);
+        for (dim i = 0; i < d; ++i)
+            q[r * d + i] *= q_factor;
+        std::fill(acc + r * d, acc + (r + 1) * d, 0.f);
+        const bool sink = a.sinks && !partial; // a split item leaves the sink to the merge
+        row_max[r] = sink ? a.sinks[head] : -std::numeric_limits<float>::infinity();
+        row_sum[r] = sink ? 1.f : 0.f;
+    }
+    return info;
 }
 
 template <typename V> float dot(const float *a, const float *b, dim n) {
@@ -77,8 +120,8 @@ template <typename V> void add_weighted(float *out, float weight, const float *v
 }
 
 template <typename V>
-void run_item(const paged_attention_problem &p, const paged_attention_arguments &a, const work_item &item,
-              float *scratch, float *partial) {
+void run_item_plain(const paged_attention_problem &p, const paged_attention_arguments &a,
+                    const work_item &item, float *scratch, float *partial) {
     constexpr float minus_infinity = -std::numeric_limits<float>::infinity();
     const scratch_layout layout(p);
     const auto &o = p.options;
@@ -92,28 +135,9 @@ void run_item(const paged_attention_problem &p, const paged_attention_arguments 
     float *row_max = scratch + layout.row_max, *row_sum = scratch + layout.row_sum;
     float *k_row = scratch + layout.k_row, *v_row = scratch + layout.v_row;
 
-    // Folded scales: a K scale that does not vary per token multiplies q once.
-    const bool k_per_token = p.k_scales_mask == scales_per_token,
-               v_per_token = p.v_scales_mask == scales_per_token;
-    const float q_factor =
-            o.softmax_scale *
-            (k_per_token ? 1.f : row_scale(a.k_scales, p.k_scales_mask, p, 0, item.kv_head, 0));
-    const float out_factor =
-            v_per_token ? 1.f : row_scale(a.v_scales, p.v_scales_mask, p, 0, item.kv_head, 0);
-
-    for (dim r = 0; r < rows; ++r) {
-        const dim t = item.first_token + r / group, head = item.kv_head * group + r % group;
-        const char *src = static_cast<const char *>(a.query) +
-                          ((q_begin + t) * a.query_token_stride + head * a.query_head_stride) *
-                                  static_cast<dim>(data_type_size(p.query_type));
-        convert_row_to_f32(src, p.query_type, d, 1.f, q + r * d);
-        for (dim i = 0; i < d; ++i)
-            q[r * d + i] *= q_factor;
-        std::fill(acc + r * d, acc + (r + 1) * d, 0.f);
-        const bool sink = a.sinks && !partial; // a split item leaves the sink to the merge
-        row_max[r] = sink ? a.sinks[head] : minus_infinity;
-        row_sum[r] = sink ? 1.f : 0.f;
-    }
+    const item_rows rows_info = prepare_rows(p, a, item, q, acc, row_max, row_sum, partial);
+    const bool k_per_token = rows_info.k_per_token, v_per_token = rows_info.v_per_token;
+    const float out_factor = rows_info.out_factor;
     const dim kv_begin = item.kv_begin, kv_end = item.kv_end; // the plan's range (each row masks its own)
 
     const data_type k_type = p.k_cache.get_data_type(), v_type = p.v_cache.get_data_type();
@@ -195,6 +219,236 @@ void run_item(const paged_attention_problem &p, const paged_attention_arguments 
     }
 
     store_item_output(p, a, item, acc, row_max, row_sum, out_factor, partial);
+}
+
+inline void prefetch(const char *p, dim bytes) {
+    for (dim i = 0; i < bytes; i += 64)
+        _mm_prefetch(p + i, _MM_HINT_T0);
+}
+
+// Scores of N rows against one 16-token group of a packed K block: out[r][t] = q_r . k_t.
+template <typename V, int N>
+void packed_scores(const char *k_group, data_type k_type, dim k_size, const float *q, dim d, float *out) {
+    using R = typename V::reg;
+    constexpr int width = V::width, lanes = 16 / width;
+    R s[N][lanes];
+    for (int r = 0; r < N; ++r)
+        for (int v = 0; v < lanes; ++v)
+            s[r][v] = V::zero();
+    for (dim pair = 0; pair < d / 2; ++pair) {
+        for (int v = 0; v < lanes; ++v) {
+            R first, second;
+            V::load_pair(k_group + (pair * 32 + v * 2 * width) * k_size, k_type, first, second);
+            for (int r = 0; r < N; ++r) {
+                s[r][v] = V::fma(V::set1(q[r * d + 2 * pair]), first, s[r][v]);
+                s[r][v] = V::fma(V::set1(q[r * d + 2 * pair + 1]), second, s[r][v]);
+            }
+        }
+    }
+    for (int r = 0; r < N; ++r)
+        for (int v = 0; v < lanes; ++v)
+            V::store(out + r * 16 + v * width, s[r][v]);
+}
+
+// One block of rows' share of a packed V group: acc = acc * correction + probabilities x V.
+struct packed_values_rows {
+    const char *v_region;
+    data_type v_type;
+    dim v_size, block_size, offset0, g0, first_pair, end_pair;
+    dim common_begin, common_end; // tokens every row of the block sees
+    const float *probability;     // rows x 16
+    const float *correction;
+    float *acc; // rows x d
+    dim d;
+};
+
+// Pairs every row sees take the fast path; at range edges a token a row does not see is skipped
+// for it, so that a non-finite value it excludes cannot leak in through 0 * inf.
+template <typename V, int N> void packed_values(const packed_values_rows &job) {
+    using R = typename V::reg;
+    constexpr int width = V::width;
+    for (dim dv = 0; dv < job.d / width; ++dv) {
+        const dim dims_group = dv * width / 16, dims_offset = dv * width % 16;
+        const char *base =
+                job.v_region +
+                (dims_group * 16 * job.block_size + job.offset0 / 2 * 32 + dims_offset * 2) * job.v_size;
+        R out[N];
+        for (int r = 0; r < N; ++r)
+            out[r] = V::mul(V::load(job.acc + r * job.d + dv * width), V::set1(job.correction[r]));
+        for (dim pair = job.first_pair; pair < job.end_pair; ++pair) {
+            R first, second;
+            V::load_pair(base + pair * 32 * job.v_size, job.v_type, first, second);
+            const dim t = job.g0 + 2 * pair;
+            const bool every_row_sees_both = t >= job.common_begin && t + 1 < job.common_end;
+            for (int r = 0; r < N; ++r) {
+                const float *pr = job.probability + r * 16 + 2 * pair;
+                if (every_row_sees_both || pr[0] != 0.f) out[r] = V::fma(V::set1(pr[0]), first, out[r]);
+                if (every_row_sees_both || pr[1] != 0.f) out[r] = V::fma(V::set1(pr[1]), second, out[r]);
+            }
+        }
+        for (int r = 0; r < N; ++r)
+            V::store(job.acc + r * job.d + dv * width, out[r]);
+    }
+}
+
+// The packed layout: a chunk is one 16-token group of a block (block_size % 16 == 0).
+template <typename V>
+void run_item_packed(const paged_attention_problem &p, const paged_attention_arguments &a,
+                     const work_item &item, float *scratch, float *partial) {
+    using R = typename V::reg;
+    constexpr int width = V::width, lanes = 16 / width; // vectors per 16 tokens
+    constexpr dim row_block = 4;                        // rows whose accumulators stay in registers
+    constexpr float minus_infinity = -std::numeric_limits<float>::infinity();
+    const scratch_layout layout(p);
+    const auto &o = p.options;
+    const dim group = p.q_heads / p.kv_heads, d = p.head_size, bs = p.block_size;
+    const dim q_len = a.query_start_loc[item.seq + 1] - a.query_start_loc[item.seq];
+    const dim seq_len = a.seq_lens[item.seq];
+    const dim context = seq_len - q_len;
+    const dim rows = (item.last_token - item.first_token) * group;
+    float *q = scratch + layout.q, *acc = scratch + layout.acc, *probability = scratch + layout.scores;
+    float *row_max = scratch + layout.row_max, *row_sum = scratch + layout.row_sum;
+    float *correction = scratch + layout.correction;
+    const item_rows info = prepare_rows(p, a, item, q, acc, row_max, row_sum, partial);
+
+    const data_type k_type = p.k_cache.get_data_type(), v_type = p.v_cache.get_data_type();
+    const dim k_size = static_cast<dim>(data_type_size(k_type)),
+              v_size = static_cast<dim>(data_type_size(v_type));
+    const cache_view k_view(p.k_cache, false), v_view(p.v_cache, true);
+
+    for (dim g0 = item.kv_begin / 16 * 16; g0 < item.kv_end; g0 += 16) {
+        const dim logical_block = g0 / bs, offset0 = g0 - logical_block * bs;
+        const dim block = a.block_table[item.seq * a.block_table_stride + logical_block];
+        const char *k_group = static_cast<const char *>(a.k_cache) +
+                              (k_view.region(block, item.kv_head) + offset0 * d) * k_size;
+        const char *v_region =
+                static_cast<const char *>(a.v_cache) + v_view.region(block, item.kv_head) * v_size;
+        const dim scale_base = (block * p.kv_heads + item.kv_head) * bs + offset0;
+        if (g0 + 16 < item.kv_end) { // the next group's K and V, from DRAM while this one computes
+            const dim next_block =
+                    (g0 + 16) / bs == logical_block
+                            ? block
+                            : a.block_table[item.seq * a.block_table_stride + logical_block + 1];
+            const dim next_offset = (g0 + 16) % bs;
+            prefetch(static_cast<const char *>(a.k_cache) +
+                             (k_view.region(next_block, item.kv_head) + next_offset * d) * k_size,
+                     16 * d * k_size);
+            const char *next_v = static_cast<const char *>(a.v_cache) +
+                                 (v_view.region(next_block, item.kv_head) + next_offset / 2 * 32) * v_size;
+            for (dim dims_group = 0; dims_group < d / 16; ++dims_group)
+                prefetch(next_v + dims_group * 16 * bs * v_size, 256 * v_size);
+        }
+
+        // Scores: rows x 16 tokens, the tokens in lanes.
+        for (dim r0 = 0; r0 < rows; r0 += row_block) {
+            const float *qr = q + r0 * d;
+            float *out = probability + r0 * 16;
+            switch (std::min(row_block, rows - r0)) {
+                case 4: packed_scores<V, 4>(k_group, k_type, k_size, qr, d, out); break;
+                case 3: packed_scores<V, 3>(k_group, k_type, k_size, qr, d, out); break;
+                case 2: packed_scores<V, 2>(k_group, k_type, k_size, qr, d, out); break;
+                default: packed_scores<V, 1>(k_group, k_type, k_size, qr, d, out); break;
+            }
+        }
+
+        // Online softmax per row over the chunk's visible lanes.
+        const R lane = V::add(V::iota(), V::set1(static_cast<float>(g0)));
+        for (dim r = 0; r < rows; ++r) {
+            const dim position = context + item.first_token + r / group,
+                      head = item.kv_head * group + r % group;
+            kv_range visible = visible_range(o, position, seq_len);
+            visible.begin = std::max(visible.begin, item.kv_begin);
+            visible.end = std::min(visible.end, item.kv_end);
+            float *pr = probability + r * 16;
+            correction[r] = 1.f;
+            if (visible.begin >= std::min(visible.end, g0 + 16) || visible.end <= g0) {
+                std::fill(pr, pr + 16, 0.f);
+                continue;
+            }
+            const R lo = V::set1(static_cast<float>(visible.begin)),
+                    hi = V::set1(static_cast<float>(visible.end));
+            if (info.k_per_token)
+                for (int v = 0; v < lanes; ++v)
+                    V::store(pr + v * width,
+                             V::mul(V::load(pr + v * width), V::load(a.k_scales + scale_base + v * width)));
+            if (o.soft_cap > 0.f)
+                for (int j = 0; j < 16; ++j)
+                    pr[j] = o.soft_cap * std::tanh(pr[j] / o.soft_cap);
+            float chunk_max = minus_infinity;
+            for (int v = 0; v < lanes; ++v) {
+                const R j = V::add(lane, V::set1(static_cast<float>(v * width)));
+                R x = V::load(pr + v * width);
+                if (a.alibi_slopes)
+                    x = V::fma(V::set1(a.alibi_slopes[head]),
+                               V::add(j, V::set1(-static_cast<float>(position))), x);
+                x = V::select(V::in_range(j, lo, hi), x, V::set1(minus_infinity));
+                V::store(pr + v * width, x);
+                chunk_max = std::max(chunk_max, V::reduce_max(x));
+            }
+            const float new_max = std::max(row_max[r], chunk_max);
+            correction[r] = std::exp(row_max[r] - new_max);
+            row_sum[r] *= correction[r];
+            row_max[r] = new_max;
+            R sum = V::zero();
+            for (int v = 0; v < lanes; ++v) {
+                const R j = V::add(lane, V::set1(static_cast<float>(v * width)));
+                const R x = V::load(pr + v * width);
+                const typename V::mask visible_lanes = V::in_range(j, lo, hi);
+                R weight = exp_negative<V>(V::add(x, V::set1(-new_max)));
+                sum = V::add(sum, V::select(visible_lanes, weight, V::zero()));
+                // Per-token V scales weigh the values, not the softmax denominator. Masked lanes
+                // become exact zeros (their scales may be unwritten).
+                if (info.v_per_token) weight = V::mul(weight, V::load(a.v_scales + scale_base + v * width));
+                V::store(pr + v * width, V::select(visible_lanes, weight, V::zero()));
+            }
+            row_sum[r] += V::reduce_add(sum);
+        }
+
+        // Values: acc (rows x D) = acc * correction + probabilities x V, 16 dims x a token pair
+        // per V row.
+        const dim first_pair = (std::max(item.kv_begin, g0) - g0) / 2;
+        const dim end_pair = (std::min(item.kv_end, g0 + 16) - g0 + 1) / 2;
+        for (dim r0 = 0; r0 < rows; r0 += row_block) {
+            const dim n = std::min(row_block, rows - r0);
+            dim common_begin = item.kv_begin, common_end = item.kv_end; // tokens every row of the block sees
+            for (dim rr = 0; rr < n; ++rr) {
+                const kv_range vr = visible_range(o, context + item.first_token + (r0 + rr) / group, seq_len);
+                common_begin = std::max(common_begin, vr.begin);
+                common_end = std::min(common_end, vr.end);
+            }
+            const packed_values_rows job { v_region,
+                                           v_type,
+                                           v_size,
+                                           bs,
+                                           offset0,
+                                           g0,
+                                           first_pair,
+                                           end_pair,
+                                           common_begin,
+                                           common_end,
+                                           probability + r0 * 16,
+                                           correction + r0,
+                                           acc + r0 * d,
+                                           d };
+            switch (n) {
+                case 4: packed_values<V, 4>(job); break;
+                case 3: packed_values<V, 3>(job); break;
+                case 2: packed_values<V, 2>(job); break;
+                default: packed_values<V, 1>(job); break;
+            }
+        }
+    }
+
+    store_item_output(p, a, item, acc, row_max, row_sum, info.out_factor, partial);
+}
+
+template <typename V>
+void run_item(const paged_attention_problem &p, const paged_attention_arguments &a, const work_item &item,
+              float *scratch, float *partial) {
+    if (p.k_cache.get_layout() == layout::packed)
+        run_item_packed<V>(p, a, item, scratch, partial);
+    else
+        run_item_plain<V>(p, a, item, scratch, partial);
 }
 
 } // namespace x64

@@ -51,10 +51,10 @@ struct avx512_f32 {
     }
     static float reduce_add(reg v) { return _mm512_reduce_add_ps(v); }
 
-    // e4m3 S.EEEE.MMM: the magnitude bits shifted to f32's exponent/mantissa position give the value
-    // times 2^-120 (subnormals too); NaN codes (magnitude 0x7F) are patched after.
-    static reg load_e4m3(const void *p) {
-        const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(static_cast<const __m128i *>(p)));
+    // e4m3 S.EEEE.MMM, one code per 32-bit lane: the magnitude bits shifted to f32's exponent and
+    // mantissa position give the value times 2^-120 (subnormals too); NaN codes (magnitude 0x7F)
+    // are patched after.
+    static reg decode_e4m3_lanes(__m512i x) {
         const __m512i magnitude = _mm512_and_si512(x, _mm512_set1_epi32(0x7F));
         const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x80)), 24);
         __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(magnitude, 20)),
@@ -63,11 +63,15 @@ struct avx512_f32 {
                                _mm512_set1_ps(NAN));
         return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sign));
     }
-    // e5m2 is the top byte of an f16.
+    // e5m2, one code per 32-bit lane, is the top byte of an f16.
+    static reg decode_e5m2_lanes(__m512i x) {
+        return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_slli_epi32(x, 8)));
+    }
+    static reg load_e4m3(const void *p) {
+        return decode_e4m3_lanes(_mm512_cvtepu8_epi32(_mm_loadu_si128(static_cast<const __m128i *>(p))));
+    }
     static reg load_e5m2(const void *p) {
-        const __m256i h =
-                _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(static_cast<const __m128i *>(p))), 8);
-        return _mm512_cvtph_ps(h);
+        return decode_e5m2_lanes(_mm512_cvtepu8_epi32(_mm_loadu_si128(static_cast<const __m128i *>(p))));
     }
     static reg load_bf16(const void *p) {
         const __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(static_cast<const __m256i *>(p)));
@@ -76,6 +80,51 @@ struct avx512_f32 {
     static reg load_f16(const void *p) {
         return _mm512_cvtph_ps(_mm256_loadu_si256(static_cast<const __m256i *>(p)));
     }
+    // Packed-layout loads: 2 * width elements holding width pairs (element 2i + k is item i's k-th
+    // of the pair), split into the first and the second of each pair.
+    static void load_pair(const void *p, data_type dt, reg &first, reg &second) {
+        switch (dt) {
+            case data_type::bf16: {
+                const __m512i x = _mm512_loadu_si512(p);
+                first = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+                second = _mm512_castsi512_ps(
+                        _mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+                break;
+            }
+            case data_type::f16: {
+                const __m512i x = _mm512_loadu_si512(p);
+                first = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(x));
+                second = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(x, 16)));
+                break;
+            }
+            case data_type::f32: {
+                const float *f = static_cast<const float *>(p);
+                const __m512 a = _mm512_loadu_ps(f), b = _mm512_loadu_ps(f + 16);
+                const __m512i even =
+                        _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+                first = _mm512_permutex2var_ps(a, even, b);
+                second = _mm512_permutex2var_ps(a, _mm512_add_epi32(even, _mm512_set1_epi32(1)), b);
+                break;
+            }
+            default: { // FP8: a pair of codes per 16-bit unit
+                const __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(static_cast<const __m256i *>(p)));
+                const __m512i low = _mm512_and_si512(x, _mm512_set1_epi32(0xFF)),
+                              high = _mm512_srli_epi32(x, 8);
+                first = dt == data_type::f8_e4m3 ? decode_e4m3_lanes(low) : decode_e5m2_lanes(low);
+                second = dt == data_type::f8_e4m3 ? decode_e4m3_lanes(high) : decode_e5m2_lanes(high);
+                break;
+            }
+        }
+    }
+    using mask = __mmask16;
+    static reg iota() { return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
+    /// Lanes with lo <= x < hi.
+    static mask in_range(reg x, reg lo, reg hi) {
+        return _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ) & _mm512_cmp_ps_mask(x, hi, _CMP_LT_OQ);
+    }
+    static reg select(mask m, reg a, reg b) { return _mm512_mask_mov_ps(b, m, a); }
+    static bool any(mask m) { return m != 0; }
+    static float reduce_max(reg v) { return _mm512_reduce_max_ps(v); }
 };
 #endif
 
@@ -102,8 +151,7 @@ struct avx2_f32 {
         s = _mm_add_ss(s, _mm_movehdup_ps(s));
         return _mm_cvtss_f32(s);
     }
-    static reg load_e4m3(const void *p) {
-        const __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64(static_cast<const __m128i *>(p)));
+    static reg decode_e4m3_lanes(__m256i x) {
         const __m256i magnitude = _mm256_and_si256(x, _mm256_set1_epi32(0x7F));
         const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
         __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(magnitude, 20)),
@@ -112,10 +160,18 @@ struct avx2_f32 {
         v = _mm256_blendv_ps(v, _mm256_set1_ps(NAN), is_nan);
         return _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(v), sign));
     }
+    // The low 16 bits of each 32-bit lane, as 8 packed 16-bit values.
+    static __m128i narrow16(__m256i x) {
+        const __m256i packed =
+                _mm256_packus_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0xFFFF)), _mm256_setzero_si256());
+        return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, _MM_SHUFFLE(3, 1, 2, 0)));
+    }
+    static reg decode_e5m2_lanes(__m256i x) { return _mm256_cvtph_ps(narrow16(_mm256_slli_epi32(x, 8))); }
+    static reg load_e4m3(const void *p) {
+        return decode_e4m3_lanes(_mm256_cvtepu8_epi32(_mm_loadl_epi64(static_cast<const __m128i *>(p))));
+    }
     static reg load_e5m2(const void *p) {
-        const __m128i h =
-                _mm_slli_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64(static_cast<const __m128i *>(p))), 8);
-        return _mm256_cvtph_ps(h);
+        return decode_e5m2_lanes(_mm256_cvtepu8_epi32(_mm_loadl_epi64(static_cast<const __m128i *>(p))));
     }
     static reg load_bf16(const void *p) {
         const __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i *>(p)));
@@ -123,6 +179,56 @@ struct avx2_f32 {
     }
     static reg load_f16(const void *p) {
         return _mm256_cvtph_ps(_mm_loadu_si128(static_cast<const __m128i *>(p)));
+    }
+    static void load_pair(const void *p, data_type dt, reg &first, reg &second) {
+        switch (dt) {
+            case data_type::bf16: {
+                const __m256i x = _mm256_loadu_si256(static_cast<const __m256i *>(p));
+                first = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+                second = _mm256_castsi256_ps(
+                        _mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+                break;
+            }
+            case data_type::f16: {
+                const __m256i x = _mm256_loadu_si256(static_cast<const __m256i *>(p));
+                first = _mm256_cvtph_ps(narrow16(x));
+                second = _mm256_cvtph_ps(narrow16(_mm256_srli_epi32(x, 16)));
+                break;
+            }
+            case data_type::f32: {
+                const float *f = static_cast<const float *>(p);
+                const __m256 a = _mm256_loadu_ps(f), b = _mm256_loadu_ps(f + 8);
+                // Within 128-bit lanes first, then the 64-bit quarters back in order.
+                const __m256 even = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+                const __m256 odd = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+                first = _mm256_castpd_ps(
+                        _mm256_permute4x64_pd(_mm256_castps_pd(even), _MM_SHUFFLE(3, 1, 2, 0)));
+                second = _mm256_castpd_ps(
+                        _mm256_permute4x64_pd(_mm256_castps_pd(odd), _MM_SHUFFLE(3, 1, 2, 0)));
+                break;
+            }
+            default: {
+                const __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i *>(p)));
+                const __m256i low = _mm256_and_si256(x, _mm256_set1_epi32(0xFF)),
+                              high = _mm256_srli_epi32(x, 8);
+                first = dt == data_type::f8_e4m3 ? decode_e4m3_lanes(low) : decode_e5m2_lanes(low);
+                second = dt == data_type::f8_e4m3 ? decode_e4m3_lanes(high) : decode_e5m2_lanes(high);
+                break;
+            }
+        }
+    }
+    using mask = __m256;
+    static reg iota() { return _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7); }
+    static mask in_range(reg x, reg lo, reg hi) {
+        return _mm256_and_ps(_mm256_cmp_ps(x, lo, _CMP_GE_OQ), _mm256_cmp_ps(x, hi, _CMP_LT_OQ));
+    }
+    static reg select(mask m, reg a, reg b) { return _mm256_blendv_ps(b, a, m); }
+    static bool any(mask m) { return _mm256_movemask_ps(m) != 0; }
+    static float reduce_max(reg v) {
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        return _mm_cvtss_f32(m);
     }
 };
 #endif
