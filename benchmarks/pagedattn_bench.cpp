@@ -4,7 +4,7 @@
 // reshape cases flush the caches before each repetition so that their memory traffic is real. The
 // cache types of one shape alternate repetition by repetition, so drift does not bias their ratios.
 //
-//   pagedattn_bench [--csv PATH] [--filter decode|verify|prefill|reshape] [--reps N]
+//   pagedattn_bench [--csv PATH] [--filter decode|verify|prefill|reshape] [--reps N] [--no-flush]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -115,6 +115,7 @@ struct row {
 struct config {
     std::string csv, filter;
     int reps = 20;
+    bool flush = true; // --no-flush: caches stay warm (diagnosis: compute vs memory)
     double dram = 0, matmul = 0;
     std::vector<row> rows;
     bool wants(const char *kind) const { return filter.empty() || filter == kind; }
@@ -252,7 +253,7 @@ void time_alternating(config &cfg, const std::string &kind, std::vector<attentio
         }
     for (int rep = -2; rep < cfg.reps; ++rep) {
         for (size_t i = 0; i < cases.size(); ++i) {
-            if (flush) flush_caches();
+            if (flush && cfg.flush) flush_caches();
             const auto start = clock_type::now();
             arena.execute([&] { cases[i]->run(s); });
             if (rep >= 0) times[i].push_back(seconds_since(start));
@@ -367,6 +368,8 @@ int main(int argc, char **argv) {
             cfg.csv = argv[++i];
         else if (a == "--filter" && i + 1 < argc)
             cfg.filter = argv[++i];
+        else if (a == "--no-flush")
+            cfg.flush = false;
         else if (a == "--reps" && i + 1 < argc)
             cfg.reps = std::max(1, std::atoi(argv[++i]));
         else {

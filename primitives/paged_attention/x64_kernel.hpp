@@ -227,8 +227,8 @@ inline void prefetch(const char *p, dim bytes) {
 }
 
 // Scores of N rows against one 16-token group of a packed K block: out[r][t] = q_r . k_t.
-template <typename V, int N>
-void packed_scores(const char *k_group, data_type k_type, dim k_size, const float *q, dim d, float *out) {
+template <typename V, int N, data_type k_type>
+void packed_scores(const char *k_group, dim k_size, const float *q, dim d, float *out) {
     using R = typename V::reg;
     constexpr int width = V::width, lanes = 16 / width;
     R s[N][lanes];
@@ -264,7 +264,7 @@ struct packed_values_rows {
 
 // Pairs every row sees take the fast path; at range edges a token a row does not see is skipped
 // for it, so that a non-finite value it excludes cannot leak in through 0 * inf.
-template <typename V, int N> void packed_values(const packed_values_rows &job) {
+template <typename V, int N, data_type v_type> void packed_values(const packed_values_rows &job) {
     using R = typename V::reg;
     constexpr int width = V::width;
     for (dim dv = 0; dv < job.d / width; ++dv) {
@@ -277,7 +277,7 @@ template <typename V, int N> void packed_values(const packed_values_rows &job) {
             out[r] = V::mul(V::load(job.acc + r * job.d + dv * width), V::set1(job.correction[r]));
         for (dim pair = job.first_pair; pair < job.end_pair; ++pair) {
             R first, second;
-            V::load_pair(base + pair * 32 * job.v_size, job.v_type, first, second);
+            V::load_pair(base + pair * 32 * job.v_size, v_type, first, second);
             const dim t = job.g0 + 2 * pair;
             const bool every_row_sees_both = t >= job.common_begin && t + 1 < job.common_end;
             for (int r = 0; r < N; ++r) {
@@ -288,6 +288,29 @@ template <typename V, int N> void packed_values(const packed_values_rows &job) {
         }
         for (int r = 0; r < N; ++r)
             V::store(job.acc + r * job.d + dv * width, out[r]);
+    }
+}
+
+// The cache type as a template argument, so that the decoding in the inner loops is fixed at
+// compile time; N rows.
+template <typename V, int N>
+void packed_scores_of(data_type k_type, const char *k_group, dim k_size, const float *q, dim d, float *out) {
+    switch (k_type) {
+        case data_type::f32: packed_scores<V, N, data_type::f32>(k_group, k_size, q, d, out); break;
+        case data_type::bf16: packed_scores<V, N, data_type::bf16>(k_group, k_size, q, d, out); break;
+        case data_type::f16: packed_scores<V, N, data_type::f16>(k_group, k_size, q, d, out); break;
+        case data_type::f8_e4m3: packed_scores<V, N, data_type::f8_e4m3>(k_group, k_size, q, d, out); break;
+        default: packed_scores<V, N, data_type::f8_e5m2>(k_group, k_size, q, d, out); break;
+    }
+}
+
+template <typename V, int N> void packed_values_of(const packed_values_rows &job) {
+    switch (job.v_type) {
+        case data_type::f32: packed_values<V, N, data_type::f32>(job); break;
+        case data_type::bf16: packed_values<V, N, data_type::bf16>(job); break;
+        case data_type::f16: packed_values<V, N, data_type::f16>(job); break;
+        case data_type::f8_e4m3: packed_values<V, N, data_type::f8_e4m3>(job); break;
+        default: packed_values<V, N, data_type::f8_e5m2>(job); break;
     }
 }
 
@@ -344,10 +367,10 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
             const float *qr = q + r0 * d;
             float *out = probability + r0 * 16;
             switch (std::min(row_block, rows - r0)) {
-                case 4: packed_scores<V, 4>(k_group, k_type, k_size, qr, d, out); break;
-                case 3: packed_scores<V, 3>(k_group, k_type, k_size, qr, d, out); break;
-                case 2: packed_scores<V, 2>(k_group, k_type, k_size, qr, d, out); break;
-                default: packed_scores<V, 1>(k_group, k_type, k_size, qr, d, out); break;
+                case 4: packed_scores_of<V, 4>(k_type, k_group, k_size, qr, d, out); break;
+                case 3: packed_scores_of<V, 3>(k_type, k_group, k_size, qr, d, out); break;
+                case 2: packed_scores_of<V, 2>(k_type, k_group, k_size, qr, d, out); break;
+                default: packed_scores_of<V, 1>(k_type, k_group, k_size, qr, d, out); break;
             }
         }
 
@@ -431,10 +454,10 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                                            acc + r0 * d,
                                            d };
             switch (n) {
-                case 4: packed_values<V, 4>(job); break;
-                case 3: packed_values<V, 3>(job); break;
-                case 2: packed_values<V, 2>(job); break;
-                default: packed_values<V, 1>(job); break;
+                case 4: packed_values_of<V, 4>(job); break;
+                case 3: packed_values_of<V, 3>(job); break;
+                case 2: packed_values_of<V, 2>(job); break;
+                default: packed_values_of<V, 1>(job); break;
             }
         }
     }

@@ -82,7 +82,8 @@ struct avx512_f32 {
     }
     // Packed-layout loads: 2 * width elements holding width pairs (element 2i + k is item i's k-th
     // of the pair), split into the first and the second of each pair.
-    static void load_pair(const void *p, data_type dt, reg &first, reg &second) {
+    __attribute__((always_inline)) static void load_pair(const void *p, data_type dt, reg &first,
+                                                         reg &second) {
         switch (dt) {
             case data_type::bf16: {
                 const __m512i x = _mm512_loadu_si512(p);
@@ -180,7 +181,8 @@ struct avx2_f32 {
     static reg load_f16(const void *p) {
         return _mm256_cvtph_ps(_mm_loadu_si128(static_cast<const __m128i *>(p)));
     }
-    static void load_pair(const void *p, data_type dt, reg &first, reg &second) {
+    __attribute__((always_inline)) static void load_pair(const void *p, data_type dt, reg &first,
+                                                         reg &second) {
         switch (dt) {
             case data_type::bf16: {
                 const __m256i x = _mm256_loadu_si256(static_cast<const __m256i *>(p));
