@@ -34,7 +34,8 @@ namespace pagedattn {
 namespace detail {
 namespace x64 {
 
-constexpr dim chunk = 16;
+constexpr dim chunk = 16;        // plain layout: tokens per online-softmax step
+constexpr dim packed_chunk = 64; // packed layout: up to 4 groups of 16 tokens of one block
 
 template <typename V> std::string decline(const paged_attention_problem &p, const primitive_attr &) {
     if (p.head_size % V::width != 0)
@@ -51,7 +52,7 @@ struct scratch_layout {
         q = 0;
         acc = q + rows * d;
         scores = acc + rows * d;
-        row_max = scores + rows * chunk;
+        row_max = scores + rows * packed_chunk;
         row_sum = row_max + rows;
         correction = row_sum + rows;
         k_row = correction + rows;
@@ -228,7 +229,7 @@ inline void prefetch(const char *p, dim bytes) {
 
 // Scores of N rows against one 16-token group of a packed K block: out[r][t] = q_r . k_t.
 template <typename V, int N, data_type k_type>
-void packed_scores(const char *k_group, dim k_size, const float *q, dim d, float *out) {
+void packed_scores(const char *k_group, dim k_size, const float *q, dim d, float *out, dim out_stride) {
     using R = typename V::reg;
     constexpr int width = V::width, lanes = 16 / width;
     R s[N][lanes];
@@ -247,7 +248,7 @@ void packed_scores(const char *k_group, dim k_size, const float *q, dim d, float
     }
     for (int r = 0; r < N; ++r)
         for (int v = 0; v < lanes; ++v)
-            V::store(out + r * 16 + v * width, s[r][v]);
+            V::store(out + r * out_stride + v * width, s[r][v]);
 }
 
 // One block of rows' share of a packed V group: acc = acc * correction + probabilities x V.
@@ -256,7 +257,8 @@ struct packed_values_rows {
     data_type v_type;
     dim v_size, block_size, offset0, g0, first_pair, end_pair;
     dim common_begin, common_end; // tokens every row of the block sees
-    const float *probability;     // rows x 16
+    const float *probability;     // rows x prob_stride
+    dim prob_stride;
     const float *correction;
     float *acc; // rows x d
     dim d;
@@ -264,43 +266,89 @@ struct packed_values_rows {
 
 // Pairs every row sees take the fast path; at range edges a token a row does not see is skipped
 // for it, so that a non-finite value it excludes cannot leak in through 0 * inf.
-template <typename V, int N, data_type v_type> void packed_values(const packed_values_rows &job) {
+// S dim vectors starting at vector v0, for N rows: the accumulators stay in registers across the
+// token pairs, and each probability is broadcast once for all S vectors.
+template <typename V, int N, int S, data_type v_type>
+void packed_values_slice(const packed_values_rows &job, dim v0) {
     using R = typename V::reg;
     constexpr int width = V::width;
-    for (dim dv = 0; dv < job.d / width; ++dv) {
-        const dim dims_group = dv * width / 16, dims_offset = dv * width % 16;
-        const char *base =
-                job.v_region +
-                (dims_group * 16 * job.block_size + job.offset0 / 2 * 32 + dims_offset * 2) * job.v_size;
-        R out[N];
-        for (int r = 0; r < N; ++r)
-            out[r] = V::mul(V::load(job.acc + r * job.d + dv * width), V::set1(job.correction[r]));
-        for (dim pair = job.first_pair; pair < job.end_pair; ++pair) {
+    auto row_of = [&](int i, dim pair) { // the V row holding vector v0 + i for a token pair
+        const dim dv = v0 + i;
+        return job.v_region + ((dv * width / 16) * 16 * job.block_size + (job.offset0 / 2 + pair) * 32 +
+                               (dv * width % 16) * 2) *
+                                      job.v_size;
+    };
+    R out[N][S];
+    for (int r = 0; r < N; ++r)
+        for (int i = 0; i < S; ++i)
+            out[r][i] = V::mul(V::load(job.acc + r * job.d + (v0 + i) * width), V::set1(job.correction[r]));
+    // Pairs every row sees: plain FMAs. At the range's edges, a token a row does not see is
+    // skipped for that row, so that 0 * (a non-finite value it excludes) cannot leak in.
+    const dim fast_begin = std::max(job.first_pair, (job.common_begin - job.g0 + 1) / 2);
+    const dim fast_end = std::max(fast_begin, std::min(job.end_pair, (job.common_end - job.g0) / 2));
+    for (dim pair = fast_begin; pair < fast_end; ++pair) {
+        R w0[N], w1[N];
+        for (int r = 0; r < N; ++r) {
+            w0[r] = V::set1(job.probability[r * job.prob_stride + 2 * pair]);
+            w1[r] = V::set1(job.probability[r * job.prob_stride + 2 * pair + 1]);
+        }
+        for (int i = 0; i < S; ++i) {
             R first, second;
-            V::load_pair(base + pair * 32 * job.v_size, v_type, first, second);
-            const dim t = job.g0 + 2 * pair;
-            const bool every_row_sees_both = t >= job.common_begin && t + 1 < job.common_end;
+            V::load_pair(row_of(i, pair), v_type, first, second);
+            for (int r = 0; r < N; ++r)
+                out[r][i] = V::fma(w0[r], first, V::fma(w1[r], second, out[r][i]));
+        }
+    }
+    for (dim pair = job.first_pair; pair < job.end_pair; ++pair) {
+        if (pair == fast_begin) pair = fast_end;
+        if (pair >= job.end_pair) break;
+        for (int i = 0; i < S; ++i) {
+            R first, second;
+            V::load_pair(row_of(i, pair), v_type, first, second);
             for (int r = 0; r < N; ++r) {
-                const float *pr = job.probability + r * 16 + 2 * pair;
-                if (every_row_sees_both || pr[0] != 0.f) out[r] = V::fma(V::set1(pr[0]), first, out[r]);
-                if (every_row_sees_both || pr[1] != 0.f) out[r] = V::fma(V::set1(pr[1]), second, out[r]);
+                const float *pr = job.probability + r * job.prob_stride + 2 * pair;
+                if (pr[0] != 0.f) out[r][i] = V::fma(V::set1(pr[0]), first, out[r][i]);
+                if (pr[1] != 0.f) out[r][i] = V::fma(V::set1(pr[1]), second, out[r][i]);
             }
         }
-        for (int r = 0; r < N; ++r)
-            V::store(job.acc + r * job.d + dv * width, out[r]);
     }
+    for (int r = 0; r < N; ++r)
+        for (int i = 0; i < S; ++i)
+            V::store(job.acc + r * job.d + (v0 + i) * width, out[r][i]);
+}
+
+// acc (N rows x D) = acc * correction + probabilities x V for one packed V group, in slices of
+// dims sized to the register file (32 zmm, 16 ymm).
+template <typename V, int N, data_type v_type> void packed_values(const packed_values_rows &job) {
+    constexpr int widest = V::width == 16 ? 8 : 4;
+    const dim vectors = job.d / V::width;
+    dim v0 = 0;
+    for (; v0 + widest <= vectors; v0 += widest)
+        packed_values_slice<V, N, widest, v_type>(job, v0);
+    if (v0 + 4 <= vectors && widest > 4) packed_values_slice<V, N, 4, v_type>(job, v0), v0 += 4;
+    if (v0 + 2 <= vectors) packed_values_slice<V, N, 2, v_type>(job, v0), v0 += 2;
+    if (v0 < vectors) packed_values_slice<V, N, 1, v_type>(job, v0);
 }
 
 // The cache type as a template argument, so that the decoding in the inner loops is fixed at
 // compile time; N rows.
 template <typename V, int N>
-void packed_scores_of(data_type k_type, const char *k_group, dim k_size, const float *q, dim d, float *out) {
+void packed_scores_of(data_type k_type, const char *k_group, dim k_size, const float *q, dim d, float *out,
+                      dim out_stride) {
     switch (k_type) {
-        case data_type::f32: packed_scores<V, N, data_type::f32>(k_group, k_size, q, d, out); break;
-        case data_type::bf16: packed_scores<V, N, data_type::bf16>(k_group, k_size, q, d, out); break;
-        case data_type::f16: packed_scores<V, N, data_type::f16>(k_group, k_size, q, d, out); break;
-        case data_type::f8_e4m3: packed_scores<V, N, data_type::f8_e4m3>(k_group, k_size, q, d, out); break;
-        default: packed_scores<V, N, data_type::f8_e5m2>(k_group, k_size, q, d, out); break;
+        case data_type::f32:
+            packed_scores<V, N, data_type::f32>(k_group, k_size, q, d, out, out_stride);
+            break;
+        case data_type::bf16:
+            packed_scores<V, N, data_type::bf16>(k_group, k_size, q, d, out, out_stride);
+            break;
+        case data_type::f16:
+            packed_scores<V, N, data_type::f16>(k_group, k_size, q, d, out, out_stride);
+            break;
+        case data_type::f8_e4m3:
+            packed_scores<V, N, data_type::f8_e4m3>(k_group, k_size, q, d, out, out_stride);
+            break;
+        default: packed_scores<V, N, data_type::f8_e5m2>(k_group, k_size, q, d, out, out_stride); break;
     }
 }
 
@@ -319,8 +367,8 @@ template <typename V>
 void run_item_packed(const paged_attention_problem &p, const paged_attention_arguments &a,
                      const work_item &item, float *scratch, float *partial) {
     using R = typename V::reg;
-    constexpr int width = V::width, lanes = 16 / width; // vectors per 16 tokens
-    constexpr dim row_block = 4;                        // rows whose accumulators stay in registers
+    constexpr int width = V::width;
+    constexpr dim row_block = 4; // rows whose scores stay in registers
     constexpr float minus_infinity = -std::numeric_limits<float>::infinity();
     const scratch_layout layout(p);
     const auto &o = p.options;
@@ -339,101 +387,106 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
               v_size = static_cast<dim>(data_type_size(v_type));
     const cache_view k_view(p.k_cache, false), v_view(p.v_cache, true);
 
-    for (dim g0 = item.kv_begin / 16 * 16; g0 < item.kv_end; g0 += 16) {
-        const dim logical_block = g0 / bs, offset0 = g0 - logical_block * bs;
+    const dim k_chunk_bytes = packed_chunk * d * k_size;
+    for (dim c0 = item.kv_begin / 16 * 16; c0 < item.kv_end;) {
+        const dim logical_block = c0 / bs, offset0 = c0 - logical_block * bs;
+        const dim c1 =
+                std::min({ (logical_block + 1) * bs, c0 + packed_chunk, (item.kv_end + 15) / 16 * 16 });
+        const dim tokens = c1 - c0; // a multiple of 16
         const dim block = a.block_table[item.seq * a.block_table_stride + logical_block];
-        const char *k_group = static_cast<const char *>(a.k_cache) +
+        const char *k_chunk = static_cast<const char *>(a.k_cache) +
                               (k_view.region(block, item.kv_head) + offset0 * d) * k_size;
         const char *v_region =
                 static_cast<const char *>(a.v_cache) + v_view.region(block, item.kv_head) * v_size;
         const dim scale_base = (block * p.kv_heads + item.kv_head) * bs + offset0;
-        if (g0 + 16 < item.kv_end) { // the next group's K and V, from DRAM while this one computes
-            const dim next_block =
-                    (g0 + 16) / bs == logical_block
-                            ? block
-                            : a.block_table[item.seq * a.block_table_stride + logical_block + 1];
-            const dim next_offset = (g0 + 16) % bs;
+        if (c1 < item.kv_end) { // the next chunk's K and V, from DRAM while this one computes
+            const dim next_logical = c1 / bs, next_offset = c1 % bs;
+            const dim next_block = next_logical == logical_block
+                                           ? block
+                                           : a.block_table[item.seq * a.block_table_stride + next_logical];
+            const dim next_tokens = std::min(packed_chunk, bs - next_offset);
             prefetch(static_cast<const char *>(a.k_cache) +
                              (k_view.region(next_block, item.kv_head) + next_offset * d) * k_size,
-                     16 * d * k_size);
+                     std::min(k_chunk_bytes, next_tokens * d * k_size));
             const char *next_v = static_cast<const char *>(a.v_cache) +
                                  (v_view.region(next_block, item.kv_head) + next_offset / 2 * 32) * v_size;
             for (dim dims_group = 0; dims_group < d / 16; ++dims_group)
-                prefetch(next_v + dims_group * 16 * bs * v_size, 256 * v_size);
+                prefetch(next_v + dims_group * 16 * bs * v_size, next_tokens * 16 * v_size);
         }
 
-        // Scores: rows x 16 tokens, the tokens in lanes.
+        // Scores: rows x tokens, the tokens in lanes, one 16-token group at a time.
         for (dim r0 = 0; r0 < rows; r0 += row_block) {
             const float *qr = q + r0 * d;
-            float *out = probability + r0 * 16;
-            switch (std::min(row_block, rows - r0)) {
-                case 4: packed_scores_of<V, 4>(k_type, k_group, k_size, qr, d, out); break;
-                case 3: packed_scores_of<V, 3>(k_type, k_group, k_size, qr, d, out); break;
-                case 2: packed_scores_of<V, 2>(k_type, k_group, k_size, qr, d, out); break;
-                default: packed_scores_of<V, 1>(k_type, k_group, k_size, qr, d, out); break;
+            for (dim g = 0; g < tokens / 16; ++g) {
+                const char *k_group = k_chunk + g * 16 * d * k_size;
+                float *out = probability + r0 * packed_chunk + g * 16;
+                switch (std::min(row_block, rows - r0)) {
+                    case 4: packed_scores_of<V, 4>(k_type, k_group, k_size, qr, d, out, packed_chunk); break;
+                    case 3: packed_scores_of<V, 3>(k_type, k_group, k_size, qr, d, out, packed_chunk); break;
+                    case 2: packed_scores_of<V, 2>(k_type, k_group, k_size, qr, d, out, packed_chunk); break;
+                    default: packed_scores_of<V, 1>(k_type, k_group, k_size, qr, d, out, packed_chunk); break;
+                }
             }
         }
 
         // Online softmax per row over the chunk's visible lanes.
-        const R lane = V::add(V::iota(), V::set1(static_cast<float>(g0)));
+        const R lane = V::add(V::iota(), V::set1(static_cast<float>(c0)));
         for (dim r = 0; r < rows; ++r) {
             const dim position = context + item.first_token + r / group,
                       head = item.kv_head * group + r % group;
             kv_range visible = visible_range(o, position, seq_len);
             visible.begin = std::max(visible.begin, item.kv_begin);
             visible.end = std::min(visible.end, item.kv_end);
-            float *pr = probability + r * 16;
+            float *pr = probability + r * packed_chunk;
             correction[r] = 1.f;
-            if (visible.begin >= std::min(visible.end, g0 + 16) || visible.end <= g0) {
-                std::fill(pr, pr + 16, 0.f);
+            if (visible.begin >= std::min(visible.end, c1) || visible.end <= c0) {
+                std::fill(pr, pr + tokens, 0.f);
                 continue;
             }
             const R lo = V::set1(static_cast<float>(visible.begin)),
                     hi = V::set1(static_cast<float>(visible.end));
             if (info.k_per_token)
-                for (int v = 0; v < lanes; ++v)
-                    V::store(pr + v * width,
-                             V::mul(V::load(pr + v * width), V::load(a.k_scales + scale_base + v * width)));
+                for (dim v = 0; v < tokens; v += width)
+                    V::store(pr + v, V::mul(V::load(pr + v), V::load(a.k_scales + scale_base + v)));
             if (o.soft_cap > 0.f)
-                for (int j = 0; j < 16; ++j)
+                for (dim j = 0; j < tokens; ++j)
                     pr[j] = o.soft_cap * std::tanh(pr[j] / o.soft_cap);
-            float chunk_max = minus_infinity;
-            for (int v = 0; v < lanes; ++v) {
-                const R j = V::add(lane, V::set1(static_cast<float>(v * width)));
-                R x = V::load(pr + v * width);
+            R chunk_max = V::set1(minus_infinity);
+            for (dim v = 0; v < tokens; v += width) {
+                const R j = V::add(lane, V::set1(static_cast<float>(v)));
+                R x = V::load(pr + v);
                 if (a.alibi_slopes)
                     x = V::fma(V::set1(a.alibi_slopes[head]),
                                V::add(j, V::set1(-static_cast<float>(position))), x);
                 x = V::select(V::in_range(j, lo, hi), x, V::set1(minus_infinity));
-                V::store(pr + v * width, x);
-                chunk_max = std::max(chunk_max, V::reduce_max(x));
+                V::store(pr + v, x);
+                chunk_max = V::max(chunk_max, x);
             }
-            const float new_max = std::max(row_max[r], chunk_max);
+            const float new_max = std::max(row_max[r], V::reduce_max(chunk_max));
             correction[r] = std::exp(row_max[r] - new_max);
             row_sum[r] *= correction[r];
             row_max[r] = new_max;
             R sum = V::zero();
-            for (int v = 0; v < lanes; ++v) {
-                const R j = V::add(lane, V::set1(static_cast<float>(v * width)));
-                const R x = V::load(pr + v * width);
+            for (dim v = 0; v < tokens; v += width) {
+                const R j = V::add(lane, V::set1(static_cast<float>(v)));
                 const typename V::mask visible_lanes = V::in_range(j, lo, hi);
-                R weight = exp_negative<V>(V::add(x, V::set1(-new_max)));
+                R weight = exp_negative<V>(V::add(V::load(pr + v), V::set1(-new_max)));
                 sum = V::add(sum, V::select(visible_lanes, weight, V::zero()));
                 // Per-token V scales weigh the values, not the softmax denominator. Masked lanes
                 // become exact zeros (their scales may be unwritten).
-                if (info.v_per_token) weight = V::mul(weight, V::load(a.v_scales + scale_base + v * width));
-                V::store(pr + v * width, V::select(visible_lanes, weight, V::zero()));
+                if (info.v_per_token) weight = V::mul(weight, V::load(a.v_scales + scale_base + v));
+                V::store(pr + v, V::select(visible_lanes, weight, V::zero()));
             }
             row_sum[r] += V::reduce_add(sum);
         }
 
         // Values: acc (rows x D) = acc * correction + probabilities x V, 16 dims x a token pair
         // per V row.
-        const dim first_pair = (std::max(item.kv_begin, g0) - g0) / 2;
-        const dim end_pair = (std::min(item.kv_end, g0 + 16) - g0 + 1) / 2;
-        for (dim r0 = 0; r0 < rows; r0 += row_block) {
-            const dim n = std::min(row_block, rows - r0);
-            dim common_begin = item.kv_begin, common_end = item.kv_end; // tokens every row of the block sees
+        const dim first_pair = (std::max(item.kv_begin, c0) - c0) / 2;
+        const dim end_pair = (std::min(item.kv_end, c1) - c0 + 1) / 2;
+        for (dim r0 = 0; r0 < rows; r0 += 2) { // two rows: their accumulators fill the registers
+            const dim n = std::min<dim>(2, rows - r0);
+            dim common_begin = item.kv_begin, common_end = item.kv_end; // tokens every row of the pair sees
             for (dim rr = 0; rr < n; ++rr) {
                 const kv_range vr = visible_range(o, context + item.first_token + (r0 + rr) / group, seq_len);
                 common_begin = std::max(common_begin, vr.begin);
@@ -444,22 +497,22 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                                            v_size,
                                            bs,
                                            offset0,
-                                           g0,
+                                           c0,
                                            first_pair,
                                            end_pair,
                                            common_begin,
                                            common_end,
-                                           probability + r0 * 16,
+                                           probability + r0 * packed_chunk,
+                                           packed_chunk,
                                            correction + r0,
                                            acc + r0 * d,
                                            d };
-            switch (n) {
-                case 4: packed_values_of<V, 4>(job); break;
-                case 3: packed_values_of<V, 3>(job); break;
-                case 2: packed_values_of<V, 2>(job); break;
-                default: packed_values_of<V, 1>(job); break;
-            }
+            if (n == 2)
+                packed_values_of<V, 2>(job);
+            else
+                packed_values_of<V, 1>(job);
         }
+        c0 = c1;
     }
 
     store_item_output(p, a, item, acc, row_max, row_sum, info.out_factor, partial);
