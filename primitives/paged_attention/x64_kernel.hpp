@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <string>
 #include <vector>
@@ -30,16 +31,29 @@
 #include "src/fp8.hpp"
 #include "src/x64/f32_vectors.hpp"
 
+#ifndef PAGEDATTN_X64_ISA
+#error "define PAGEDATTN_X64_ISA (the including file's ISA) before including x64_kernel.hpp"
+#endif
+
 namespace pagedattn {
 namespace detail {
 namespace x64 {
+// Everything here is compiled once per ISA file with that ISA's flags. A namespace per ISA keeps the
+// copies apart: otherwise the linker would keep one copy of each inline function for all of them,
+// possibly the AVX-512 one for a caller on an AVX2 machine.
+namespace PAGEDATTN_X64_ISA {
 
 constexpr dim chunk = 16;        // plain layout: tokens per online-softmax step
 constexpr dim packed_chunk = 64; // packed layout: up to 4 groups of 16 tokens of one block
 
 template <typename V> std::string decline(const paged_attention_problem &p, const primitive_attr &) {
-    if (p.head_size % V::width != 0)
-        return concat("head size ", p.head_size, " is not a multiple of ", V::width);
+    if (p.head_size % V::width != 0) {
+        // snprintf rather than concat: no template instantiation shared with other files.
+        char reason[64];
+        std::snprintf(reason, sizeof reason, "head size %ld is not a multiple of %d",
+                      static_cast<long>(p.head_size), V::width);
+        return reason;
+    }
     if (p.k_cache.get_layout() != p.v_cache.get_layout()) return "K and V caches in different layouts";
     return {};
 }
@@ -527,6 +541,7 @@ void run_item(const paged_attention_problem &p, const paged_attention_arguments 
         run_item_plain<V>(p, a, item, scratch, partial);
 }
 
+} // namespace PAGEDATTN_X64_ISA
 } // namespace x64
 } // namespace detail
 } // namespace pagedattn

@@ -39,7 +39,19 @@ struct reshape_and_cache_implementation {
 extern const reshape_and_cache_implementation *const reshape_and_cache_implementations[];
 extern const int reshape_and_cache_implementation_count;
 
+extern const reshape_and_cache_implementation reshape_and_cache_avx512;
+extern const reshape_and_cache_implementation reshape_and_cache_avx2;
 extern const reshape_and_cache_implementation reshape_and_cache_ref;
+
+/// The vector row encoder of an x64 implementation: n f32 values to cache type dt exactly as
+/// src/fp8.hpp's store_from_f32 does (FP8: of src[i] / scale, an f32 division; other types ignore
+/// the scale; f32 quiets a signalling NaN). Defined in avx512.cpp / avx2.cpp, for the codec tests.
+void encode_row_avx512(const float *src, int64_t n, float scale, data_type dt, void *dst);
+void encode_row_avx2(const float *src, int64_t n, float scale, data_type dt, void *dst);
+using row_encoder = void (*)(const float *src, int64_t n, float scale, data_type dt, void *dst);
+/// encode_row_avx512 for cpu_isa::avx512, encode_row_avx2 for cpu_isa::avx2, when the library was
+/// built with them (PAGEDATTN_ENABLE_X64); else null. The caller checks that the host runs them.
+row_encoder reshape_and_cache_row_encoder(cpu_isa isa);
 
 } // namespace detail
 } // namespace pagedattn

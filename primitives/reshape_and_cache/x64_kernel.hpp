@@ -1,0 +1,351 @@
+// The x64 reshape_and_cache kernel, written once over an f32 vector type (avx2_f32, avx512_f32) and
+// instantiated by the thin per-ISA files avx2.cpp and avx512.cpp. It writes the same bytes as
+// ref:any for every input (the codec of src/fp8.hpp, vectorised bit-exactly):
+//   - the input row (f32/bf16/f16) is converted to f32 with vector loads into a stack buffer, its
+//     amax over the finite |x| taken on the way when the cache has per-token scales;
+//   - FP8: q = fp8(x / scale), a true f32 division, then an integer encoder on the f32 bits (normal
+//     range: exponent rebias and round-to-nearest-even on the dropped mantissa bits, the carry moving
+//     into the exponent; subnormal range: exact scaling by a power of two, rounding to an integer in
+//     nearest-even mode), saturated to +-max (+-inf too), NaN to the canonical NaN with its sign;
+//   - bf16: integer round-to-nearest-even, NaN quieted (bits >> 16 | 0x40); f16: vcvtps2ph in
+//     nearest-even mode, whose NaN (sign | 0x7E00 | payload >> 13) and overflow (>= 65520 to inf)
+//     match f32_to_f16; f32: stored as is, with a signalling NaN quieted like the reference's
+//     multiplication by the unit scale does.
+// Plain rows are stored with vector stores; the packed layout encodes into a small buffer and
+// scatters it with the offsets of src/cache_layout.hpp (pairs of dims for K, single elements for V).
+#pragma once
+
+#include <algorithm>
+#include <cfloat>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include "reshape_and_cache_internal.hpp"
+#include "src/cache_desc.hpp"
+#include "src/cache_layout.hpp"
+#include "src/error.hpp"
+#include "src/fp8.hpp"
+#include "src/x64/f32_vectors.hpp"
+
+namespace pagedattn {
+namespace detail {
+namespace x64_rac {
+
+// The FP8 formats of src/fp8.cpp as compile-time constants: mantissa bits, bias, largest finite
+// code and NaN code (magnitude bits).
+template <bool is_e4m3> struct fp8_format {
+    static constexpr int mantissa_bits = is_e4m3 ? 3 : 2;
+    static constexpr int bias = is_e4m3 ? 7 : 15;
+    static constexpr int max_code = is_e4m3 ? 0x7E : 0x7B;
+    static constexpr int nan_code = is_e4m3 ? 0x7F : 0x7E;
+    static constexpr int drop = 23 - mantissa_bits; // f32 mantissa bits below the format's
+    // f32 biased exponents below this are subnormal (or zero) in the format: 2^(1 - bias).
+    static constexpr int min_normal_biased = 128 - bias;
+    // The subnormal unit is 2^(1 - bias - mantissa_bits); x times this counts units.
+    static constexpr float unit_scale = is_e4m3 ? 0x1p9f : 0x1p16f;
+    // Subtracted from the f32 magnitude bits shifted right by `drop`: the exponent rebias.
+    static constexpr int rebias = (127 - bias) << mantissa_bits;
+};
+
+// Per-ISA encoders over the f32 vector type; specialised below.
+template <typename V> struct codec;
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+template <> struct codec<avx512_f32> {
+    using reg = __m512;
+    using ireg = __m512i;
+    static ireg bits(reg x) { return _mm512_castps_si512(x); }
+    static ireg set1i(int x) { return _mm512_set1_epi32(x); }
+    static reg div(reg a, reg b) { return _mm512_div_ps(a, b); }
+    /// |x| where x is finite, else 0.
+    static reg abs_finite(reg x) {
+        const ireg m = _mm512_and_si512(bits(x), set1i(0x7FFFFFFF));
+        return _mm512_castsi512_ps(_mm512_maskz_mov_epi32(_mm512_cmplt_epi32_mask(m, set1i(0x7F800000)), m));
+    }
+    /// The FP8 codes of x, one per 32-bit lane.
+    template <bool is_e4m3> static ireg fp8_codes(reg x) {
+        using F = fp8_format<is_e4m3>;
+        const ireg magnitude = _mm512_and_si512(bits(x), set1i(0x7FFFFFFF));
+        const ireg sign = _mm512_and_si512(_mm512_srli_epi32(bits(x), 24), set1i(0x80));
+        // Normal range: add half an ulp minus one plus the kept lsb (ties to even), truncate.
+        const ireg lsb = _mm512_and_si512(_mm512_srli_epi32(magnitude, F::drop), set1i(1));
+        const ireg rounded =
+                _mm512_add_epi32(_mm512_add_epi32(magnitude, set1i((1 << (F::drop - 1)) - 1)), lsb);
+        const ireg normal = _mm512_sub_epi32(_mm512_srli_epi32(rounded, F::drop), set1i(F::rebias));
+        // Subnormal range: the scaling is exact, so is the rounding to an integer.
+        const reg units = _mm512_mul_ps(_mm512_castsi512_ps(magnitude), _mm512_set1_ps(F::unit_scale));
+        const ireg subnormal = _mm512_cvttps_epi32(
+                _mm512_roundscale_ps(units, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        const __mmask16 is_subnormal = _mm512_cmplt_epi32_mask(magnitude, set1i(F::min_normal_biased << 23));
+        ireg code = _mm512_mask_mov_epi32(normal, is_subnormal, subnormal);
+        code = _mm512_min_epi32(code, set1i(F::max_code));
+        code = _mm512_mask_mov_epi32(code, _mm512_cmpgt_epi32_mask(magnitude, set1i(0x7F800000)),
+                                     set1i(F::nan_code));
+        return _mm512_or_si512(code, sign);
+    }
+    template <bool is_e4m3> static void store_fp8(void *dst, reg x) {
+        _mm_storeu_si128(static_cast<__m128i *>(dst), _mm512_cvtepi32_epi8(fp8_codes<is_e4m3>(x)));
+    }
+    static void store_bf16(void *dst, reg x) {
+        const ireg b = bits(x);
+        const ireg lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), set1i(1));
+        const ireg rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(b, set1i(0x7FFF)), lsb), 16);
+        const ireg quiet = _mm512_or_si512(_mm512_srli_epi32(b, 16), set1i(0x40));
+        const __mmask16 nan =
+                _mm512_cmpgt_epi32_mask(_mm512_and_si512(b, set1i(0x7FFFFFFF)), set1i(0x7F800000));
+        _mm256_storeu_si256(static_cast<__m256i *>(dst),
+                            _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet)));
+    }
+    static void store_f16(void *dst, reg x) {
+        _mm256_storeu_si256(static_cast<__m256i *>(dst),
+                            _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    static void store_f32(void *dst, reg x) {
+        const ireg b = bits(x);
+        const __mmask16 nan =
+                _mm512_cmpgt_epi32_mask(_mm512_and_si512(b, set1i(0x7FFFFFFF)), set1i(0x7F800000));
+        _mm512_storeu_si512(dst, _mm512_mask_mov_epi32(b, nan, _mm512_or_si512(b, set1i(0x00400000))));
+    }
+};
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+template <> struct codec<avx2_f32> {
+    using reg = __m256;
+    using ireg = __m256i;
+    static ireg bits(reg x) { return _mm256_castps_si256(x); }
+    static ireg set1i(int x) { return _mm256_set1_epi32(x); }
+    static reg div(reg a, reg b) { return _mm256_div_ps(a, b); }
+    static reg abs_finite(reg x) {
+        const ireg m = _mm256_and_si256(bits(x), set1i(0x7FFFFFFF));
+        return _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(set1i(0x7F800000), m), m));
+    }
+    static ireg select(ireg mask, ireg a, ireg b) { return _mm256_blendv_epi8(b, a, mask); }
+    template <bool is_e4m3> static ireg fp8_codes(reg x) {
+        using F = fp8_format<is_e4m3>;
+        const ireg magnitude = _mm256_and_si256(bits(x), set1i(0x7FFFFFFF));
+        const ireg sign = _mm256_and_si256(_mm256_srli_epi32(bits(x), 24), set1i(0x80));
+        const ireg lsb = _mm256_and_si256(_mm256_srli_epi32(magnitude, F::drop), set1i(1));
+        const ireg rounded =
+                _mm256_add_epi32(_mm256_add_epi32(magnitude, set1i((1 << (F::drop - 1)) - 1)), lsb);
+        const ireg normal = _mm256_sub_epi32(_mm256_srli_epi32(rounded, F::drop), set1i(F::rebias));
+        const reg units = _mm256_mul_ps(_mm256_castsi256_ps(magnitude), _mm256_set1_ps(F::unit_scale));
+        const ireg subnormal =
+                _mm256_cvttps_epi32(_mm256_round_ps(units, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        const ireg is_subnormal = _mm256_cmpgt_epi32(set1i(F::min_normal_biased << 23), magnitude);
+        ireg code = select(is_subnormal, subnormal, normal);
+        code = _mm256_min_epi32(code, set1i(F::max_code));
+        code = select(_mm256_cmpgt_epi32(magnitude, set1i(0x7F800000)), set1i(F::nan_code), code);
+        return _mm256_or_si256(code, sign);
+    }
+    // The low 16 bits of each lane (values in [0, 65535]), as 8 packed 16-bit values.
+    static __m128i narrow16(ireg x) {
+        return _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+    }
+    template <bool is_e4m3> static void store_fp8(void *dst, reg x) {
+        const __m128i words = narrow16(fp8_codes<is_e4m3>(x));
+        _mm_storel_epi64(static_cast<__m128i *>(dst), _mm_packus_epi16(words, words));
+    }
+    static void store_bf16(void *dst, reg x) {
+        const ireg b = bits(x);
+        const ireg lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), set1i(1));
+        const ireg rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(b, set1i(0x7FFF)), lsb), 16);
+        const ireg quiet = _mm256_or_si256(_mm256_srli_epi32(b, 16), set1i(0x40));
+        const ireg nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, set1i(0x7FFFFFFF)), set1i(0x7F800000));
+        _mm_storeu_si128(static_cast<__m128i *>(dst), narrow16(select(nan, quiet, rounded)));
+    }
+    static void store_f16(void *dst, reg x) {
+        _mm_storeu_si128(static_cast<__m128i *>(dst),
+                         _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    static void store_f32(void *dst, reg x) {
+        const ireg b = bits(x);
+        const ireg nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, set1i(0x7FFFFFFF)), set1i(0x7F800000));
+        _mm256_storeu_si256(static_cast<__m256i *>(dst),
+                            select(nan, _mm256_or_si256(b, set1i(0x00400000)), b));
+    }
+};
+#endif
+
+/// Encodes n values (n a multiple of V::width) into cache type dt: FP8 encodes src / scale, the other
+/// types ignore the scale.
+template <typename V> void encode_row(const float *src, dim n, float scale, data_type dt, void *dst) {
+    using C = codec<V>;
+    char *out = static_cast<char *>(dst);
+    switch (dt) {
+        case data_type::f8_e4m3: {
+            const typename V::reg s = V::set1(scale);
+            for (dim i = 0; i < n; i += V::width)
+                C::template store_fp8<true>(out + i, C::div(V::load(src + i), s));
+            break;
+        }
+        case data_type::f8_e5m2: {
+            const typename V::reg s = V::set1(scale);
+            for (dim i = 0; i < n; i += V::width)
+                C::template store_fp8<false>(out + i, C::div(V::load(src + i), s));
+            break;
+        }
+        case data_type::bf16:
+            for (dim i = 0; i < n; i += V::width)
+                C::store_bf16(out + 2 * i, V::load(src + i));
+            break;
+        case data_type::f16:
+            for (dim i = 0; i < n; i += V::width)
+                C::store_f16(out + 2 * i, V::load(src + i));
+            break;
+        case data_type::f32:
+            for (dim i = 0; i < n; i += V::width)
+                C::store_f32(out + 4 * i, V::load(src + i));
+            break;
+        default: break;
+    }
+}
+
+/// encode_row for any n: whole vectors, then the tail through a zero-padded vector (never reading or
+/// writing past either row). The entry point of the codec tests.
+template <typename V> void encode_row_any(const float *src, int64_t n, float scale, data_type dt, void *dst) {
+    const dim whole = n - n % V::width;
+    encode_row<V>(src, whole, scale, dt, dst);
+    if (whole == n) return;
+    alignas(64) float tail[V::width] = {};
+    alignas(64) unsigned char bytes[V::width * sizeof(float)];
+    std::memcpy(tail, src + whole, static_cast<size_t>(n - whole) * sizeof(float));
+    encode_row<V>(tail, V::width, scale, dt, bytes);
+    const size_t es = data_type_size(dt);
+    std::memcpy(static_cast<char *>(dst) + static_cast<size_t>(whole) * es, bytes,
+                static_cast<size_t>(n - whole) * es);
+}
+
+/// Converts n input values (f32/bf16/f16) to f32 into dst; returns the largest finite |x| when
+/// `want_amax` (else 0).
+template <typename V> float load_row(const void *src, data_type dt, dim n, float *dst, bool want_amax) {
+    using reg = typename V::reg;
+    const char *in = static_cast<const char *>(src);
+    reg amax = V::zero();
+    auto run = [&](auto load) {
+        if (want_amax) {
+            for (dim i = 0; i < n; i += V::width) {
+                const reg x = load(i);
+                V::store(dst + i, x);
+                amax = V::max(amax, codec<V>::abs_finite(x));
+            }
+        } else {
+            for (dim i = 0; i < n; i += V::width)
+                V::store(dst + i, load(i));
+        }
+    };
+    switch (dt) {
+        case data_type::bf16: run([&](dim i) { return V::load_bf16(in + 2 * i); }); break;
+        case data_type::f16: run([&](dim i) { return V::load_f16(in + 2 * i); }); break;
+        default: run([&](dim i) { return V::load(reinterpret_cast<const float *>(in) + i); }); break;
+    }
+    return want_amax ? V::reduce_max(amax) : 0.f;
+}
+
+// Scatters a token's encoded row (n elements of es bytes) into its packed (block, head) region: K as
+// pairs of dims (a pair every 32 elements), V one element per dim (every 2 elements within a group of
+// 16 dims). The group starts come from src/cache_layout.hpp; the steps within are its strides.
+// Templated on V like everything here, so that no symbol compiled with one ISA's flags is shared
+// with (and possibly picked by the linker for) another translation unit.
+template <typename V, size_t es>
+void scatter_packed(const unsigned char *row, dim n, bool is_value, dim t, dim block_size, char *region) {
+    constexpr dim e = static_cast<dim>(es);
+    if (!is_value) {
+        char *dst = region + packed_k_offset(t, 0, n) * e;
+        const dim step = (packed_k_offset(t, 2, n) - packed_k_offset(t, 0, n)) * e;
+        for (dim d = 0; d < n; d += 2, dst += step)
+            std::memcpy(dst, row + d * e, 2 * es);
+        return;
+    }
+    const dim step = (packed_v_offset(t, 1, block_size) - packed_v_offset(t, 0, block_size)) * e;
+    for (dim g = 0; g < n; g += packed_group) {
+        char *dst = region + packed_v_offset(t, g, block_size) * e;
+        const unsigned char *src = row + g * e;
+        for (dim j = 0; j < packed_group; ++j)
+            std::memcpy(dst + j * step, src + j * e, es);
+    }
+}
+
+// One (token, head) row of one cache: the scale by the mask (per-token: computed from `amax` and
+// written), then the encoded row into its slot.
+template <typename V>
+void store_row(const reshape_and_cache_problem &p, const float *row, float amax, bool is_value,
+               void *cache_data, float *scales, dim block, dim head, dim offset) {
+    const tensor_desc &cache = is_value ? p.v_cache : p.k_cache;
+    const int mask = is_value ? p.v_scales_mask : p.k_scales_mask;
+    const data_type dt = cache.get_data_type();
+    const dim n = p.head_size;
+    float scale = 1.f;
+    if (mask == scales_per_token) {
+        scale = std::max(amax / fp8_max(dt), FLT_MIN);
+        scales[(block * p.kv_heads + head) * p.block_size + offset] = scale;
+    } else if (mask == scales_per_kv_head) {
+        scale = scales[head];
+    } else if (mask == scales_per_tensor) {
+        scale = scales[0];
+    }
+    const cache_view view(cache, is_value);
+    const dim es = static_cast<dim>(data_type_size(dt));
+    char *base = static_cast<char *>(cache_data);
+    if (!view.packed()) {
+        encode_row<V>(row, n, scale, dt, base + view.offset(block, head, offset, 0) * es);
+        return;
+    }
+    alignas(64) unsigned char encoded[max_head_size * sizeof(float)];
+    encode_row<V>(row, n, scale, dt, encoded);
+    char *region = base + view.region(block, head) * es;
+    switch (es) {
+        case 1: scatter_packed<V, 1>(encoded, n, is_value, offset, p.block_size, region); break;
+        case 2: scatter_packed<V, 2>(encoded, n, is_value, offset, p.block_size, region); break;
+        default: scatter_packed<V, 4>(encoded, n, is_value, offset, p.block_size, region); break;
+    }
+}
+
+template <typename V> std::string decline(const reshape_and_cache_problem &p, const primitive_attr &) {
+    // snprintf rather than concat<>: an inline template instantiated here, compiled with this ISA's
+    // flags, could be the copy the linker keeps for the other translation units.
+    if (p.head_size % V::width != 0) {
+        char reason[64];
+        std::snprintf(reason, sizeof reason, "head size %lld is not a multiple of %d",
+                      static_cast<long long>(p.head_size), V::width);
+        return reason;
+    }
+    return {};
+}
+
+// Parallel over (token, kv head) rows with oneTBB; each row converts its K input, writes K, then V.
+// Tokens with a negative slot or superseded by a later token of the call are skipped.
+template <typename V> void execute(const reshape_and_cache_problem &p, const reshape_and_cache_arguments &a) {
+    const dim d = p.head_size, heads = p.kv_heads;
+    const bool k_amax = p.k_scales_mask == scales_per_token, v_amax = p.v_scales_mask == scales_per_token;
+    const dim key_es = static_cast<dim>(data_type_size(p.key_type)),
+              value_es = static_cast<dim>(data_type_size(p.value_type));
+    const dim grain = std::max<dim>(1, 2048 / d);
+    tbb::parallel_for(tbb::blocked_range<dim>(0, a.num_tokens * heads, grain),
+                      [&](const tbb::blocked_range<dim> &r) {
+                          alignas(64) float row[max_head_size];
+                          for (dim i = r.begin(); i != r.end(); ++i) {
+                              const dim t = i / heads, h = i % heads;
+                              const dim slot = a.slots64 ? a.slots64[t] : a.slots32[t];
+                              if (slot < 0 || (a.superseded && a.superseded[t])) continue;
+                              const dim block = slot / p.block_size, offset = slot % p.block_size;
+                              const char *k = static_cast<const char *>(a.key) +
+                                              (t * a.key_token_stride + h * a.key_head_stride) * key_es;
+                              float amax = load_row<V>(k, p.key_type, d, row, k_amax);
+                              store_row<V>(p, row, amax, false, a.k_cache, a.k_scales, block, h, offset);
+                              const char *v = static_cast<const char *>(a.value) +
+                                              (t * a.value_token_stride + h * a.value_head_stride) * value_es;
+                              amax = load_row<V>(v, p.value_type, d, row, v_amax);
+                              store_row<V>(p, row, amax, true, a.v_cache, a.v_scales, block, h, offset);
+                          }
+                      });
+}
+
+} // namespace x64_rac
+} // namespace detail
+} // namespace pagedattn

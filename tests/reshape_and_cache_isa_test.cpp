@@ -1,0 +1,488 @@
+// The vectorised reshape_and_cache implementations (x64:avx512, x64:avx2) against ref:any, bit for bit:
+//   1. their row encoders against the scalar codec of src/fp8.hpp (itself checked exhaustively against
+//      an independent fp64 encoder in fp8_codec_test.cpp) over every bf16 and f16 value, random f32
+//      bit patterns and dense sweeps around every rounding boundary;
+//   2. every implementation the host runs (the list walked with next_impl()) writes the same cache
+//      bytes and per-token scales as ref:any over every cache type, input type, layout and scales mask.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "pagedattn/pagedattn.hpp"
+#include "primitives/reshape_and_cache/reshape_and_cache_internal.hpp"
+#include "src/fp8.hpp"
+
+namespace {
+
+using namespace pagedattn;
+
+bool reduced() {
+    const char *e = std::getenv("PAGEDATTN_TEST_REDUCED");
+    return e != nullptr && std::string(e) == "1";
+}
+
+uint32_t bits_of(float x) {
+    return detail::float_bits(x);
+}
+float float_of(uint32_t u) {
+    return detail::bits_float(u);
+}
+
+const char *dt_str(data_type dt) {
+    return data_type_name(dt);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. The row encoders
+
+// Values x with x - 4 ulps .. x + 4 ulps appended (both signs), for every boundary x.
+void add_sweep(std::vector<float> &out, float x) {
+    const uint32_t b = bits_of(std::fabs(x));
+    for (int k = -4; k <= 4; ++k) {
+        const int64_t m = static_cast<int64_t>(b) + k;
+        if (m < 0 || m > 0x7FFFFFFF) continue;
+        out.push_back(float_of(static_cast<uint32_t>(m)));
+        out.push_back(-float_of(static_cast<uint32_t>(m)));
+    }
+}
+
+// `scale`: the FP8 boundaries are swept around boundary * scale, so that x / scale lands on both
+// sides of them (a reciprocal multiply instead of the division shows there).
+std::vector<float> encoder_inputs(float scale) {
+    std::vector<float> in;
+    // Every bf16 value and every f16 value, as f32 (NaN payload classes of both included).
+    for (uint32_t h = 0; h < 0x10000; ++h) {
+        in.push_back(detail::bf16_to_f32(static_cast<uint16_t>(h)));
+        in.push_back(detail::f16_to_f32(static_cast<uint16_t>(h)));
+    }
+    // Random f32 bit patterns.
+    std::mt19937 rng(20240607);
+    const int random_count = reduced() ? 100000 : 1000000;
+    for (int i = 0; i < random_count; ++i)
+        in.push_back(float_of(static_cast<uint32_t>(rng())));
+    // Around every FP8 code and every midpoint between neighbouring codes (ties, their neighbours and
+    // the carries into the exponent), and past the largest finite value (max + ulp / 2 and beyond).
+    for (data_type dt : { data_type::f8_e4m3, data_type::f8_e5m2 }) {
+        const auto decode = dt == data_type::f8_e4m3 ? detail::decode_e4m3 : detail::decode_e5m2;
+        const int max_code = dt == data_type::f8_e4m3 ? 0x7E : 0x7B;
+        for (int c = 0; c <= max_code; ++c) {
+            const float lo = decode(static_cast<uint8_t>(c));
+            const float hi = c < max_code ? decode(static_cast<uint8_t>(c + 1))
+                                          : lo + (lo - decode(static_cast<uint8_t>(c - 1)));
+            add_sweep(in, lo * scale);
+            add_sweep(in, (lo + hi) / 2 * scale); // the midpoint is exact: small-mantissa values
+            add_sweep(in, hi * scale);
+        }
+    }
+    // Around every f16 and bf16 midpoint (the tie cases of those encoders), and the f16 overflow.
+    for (uint32_t h = 0; h < 0x7C00; ++h) {
+        const double lo = detail::f16_to_f32(static_cast<uint16_t>(h));
+        const double hi = h + 1 < 0x7C00 ? detail::f16_to_f32(static_cast<uint16_t>(h + 1)) : 65536.0;
+        add_sweep(in, static_cast<float>((lo + hi) / 2));
+    }
+    for (uint32_t h = 0; h < 0x7F80; h += reduced() ? 7 : 1)
+        add_sweep(in, float_of((h << 16) | 0x8000));
+    // Specials: zeros, infinities, quiet and signalling NaNs with payloads in every bit range, the f32
+    // extremes and subnormals.
+    for (uint32_t u : { 0x00000000u, 0x7F800000u, 0x7F800001u, 0x7F801FFFu, 0x7F802000u, 0x7F9FFFFFu,
+                        0x7FA00000u, 0x7FBFFFFFu, 0x7FC00000u, 0x7FC00001u, 0x7FE00000u, 0x7FFFFFFFu,
+                        0x7F7FFFFFu, 0x00800000u, 0x00000001u, 0x007FFFFFu, 0x00400000u }) {
+        in.push_back(float_of(u));
+        in.push_back(float_of(u | 0x80000000u));
+    }
+    return in;
+}
+
+// What src/fp8.hpp's scalar codec stores for x in cache type dt (FP8: of x / scale). For an f32
+// cache the library quiets a signalling NaN, as ref:any's conversion of the input row (x * 1.f) does.
+std::vector<uint8_t> scalar_encode(const std::vector<float> &in, float scale, data_type dt) {
+    const size_t es = data_type_size(dt);
+    std::vector<uint8_t> out(in.size() * es);
+    for (size_t i = 0; i < in.size(); ++i) {
+        float x = in[i];
+        if (detail::is_fp8(dt)) x = x / scale;
+        if (dt == data_type::f32 && std::isnan(x)) x = float_of(bits_of(x) | 0x00400000u);
+        detail::store_from_f32(out.data(), dt, static_cast<int64_t>(i), x);
+    }
+    return out;
+}
+
+struct isa_case {
+    cpu_isa isa;
+    const char *name;
+};
+
+class row_encoder_test : public testing::TestWithParam<isa_case> {};
+
+TEST_P(row_encoder_test, bit_identical_to_scalar_codec) {
+    const isa_case c = GetParam();
+    const detail::row_encoder encode = detail::reshape_and_cache_row_encoder(c.isa);
+    if (encode == nullptr) GTEST_SKIP() << "the library was built without the x64 kernels";
+    if (static_cast<int>(get_host_cpu_isa()) < static_cast<int>(c.isa))
+        GTEST_SKIP() << "the host does not run " << c.name;
+    for (data_type dt :
+         { data_type::f8_e4m3, data_type::f8_e5m2, data_type::bf16, data_type::f16, data_type::f32 }) {
+        const std::vector<float> scales = detail::is_fp8(dt)
+                                                  ? std::vector<float> { 1.f, 0.037f, 5.3f, FLT_MIN }
+                                                  : std::vector<float> { 1.f };
+        for (float scale : scales) {
+            const std::vector<float> in = encoder_inputs(scale);
+            SCOPED_TRACE(std::string(dt_str(dt)) + " scale " + std::to_string(scale));
+            const std::vector<uint8_t> expected = scalar_encode(in, scale, dt);
+            const size_t es = data_type_size(dt);
+            // An odd length, so that the tail path runs too; a guard byte after the row.
+            std::vector<uint8_t> actual(expected.size() + 1, 0xA5);
+            encode(in.data(), static_cast<int64_t>(in.size()), scale, dt, actual.data());
+            EXPECT_EQ(actual.back(), 0xA5) << "wrote past the row";
+            size_t mismatches = 0;
+            for (size_t i = 0; i < in.size(); ++i) {
+                if (std::memcmp(&actual[i * es], &expected[i * es], es) == 0) continue;
+                if (mismatches++ < 8) {
+                    uint32_t a = 0, x = 0;
+                    std::memcpy(&a, &actual[i * es], es);
+                    std::memcpy(&x, &expected[i * es], es);
+                    ADD_FAILURE() << "input 0x" << std::hex << bits_of(in[i]) << " (" << in[i] << "): got 0x"
+                                  << a << ", expected 0x" << x << std::dec;
+                }
+            }
+            EXPECT_EQ(mismatches, 0u) << "of " << in.size() << " inputs";
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(x64, row_encoder_test,
+                         testing::Values(isa_case { cpu_isa::avx512, "avx512" },
+                                         isa_case { cpu_isa::avx2, "avx2" }),
+                         [](const testing::TestParamInfo<isa_case> &info) {
+                             return std::string(info.param.name);
+                         });
+
+// ---------------------------------------------------------------------------------------------
+// 2. Every implementation against ref:any, end to end
+
+enum class cache_kind { hnd_padded, nhd, packed, any };
+
+const char *kind_str(cache_kind k) {
+    switch (k) {
+        case cache_kind::hnd_padded: return "hnd_padded";
+        case cache_kind::nhd: return "nhd";
+        case cache_kind::packed: return "packed";
+        case cache_kind::any: return "any";
+    }
+    return "?";
+}
+
+struct e2e_case {
+    data_type cache_dt, key_dt, value_dt;
+    cache_kind kind;
+    int k_mask, v_mask; // -1: none
+    dim t, h, d, bs, nb;
+    bool slots32;
+};
+
+std::string case_name(const e2e_case &c) {
+    return std::string(dt_str(c.key_dt)) + "/" + dt_str(c.value_dt) + "_to_" + dt_str(c.cache_dt) + "_" +
+           kind_str(c.kind) + "_k" + std::to_string(c.k_mask) + "_v" + std::to_string(c.v_mask) + "_t" +
+           std::to_string(c.t) + "_h" + std::to_string(c.h) + "_d" + std::to_string(c.d) + "_bs" +
+           std::to_string(c.bs) + (c.slots32 ? "_s32" : "_s64");
+}
+
+// A [T, H, D] input with padded token and head strides: values from a pool of ordinary numbers, +-300
+// outliers, NaN, +-inf, tiny values (subnormal in f32 and in the FP8 formats after scaling), whole
+// zero rows, a whole NaN/inf row, and raw random bit patterns (signalling NaNs among them).
+struct input_tensor {
+    data_type dt;
+    dim t, h, d, token_stride, head_stride;
+    std::vector<uint8_t> bytes;
+    tensor as_tensor() const {
+        return tensor(tensor_desc({ t, h, d }, dt, { token_stride, head_stride, 1 }), bytes.data());
+    }
+};
+
+input_tensor make_input(data_type dt, dim t, dim h, dim d, std::mt19937 &rng) {
+    input_tensor in { dt, t, h, d, h * (d + 3) + 5, d + 3, {} };
+    const size_t es = data_type_size(dt);
+    const dim extent = t == 0 ? 1 : (t - 1) * in.token_stride + (h - 1) * in.head_stride + d;
+    in.bytes.assign(static_cast<size_t>(extent) * es, 0x5A);
+    std::uniform_real_distribution<float> uni(-4.f, 4.f);
+    std::uniform_int_distribution<int> kind(0, 99);
+    const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+    for (dim ti = 0; ti < t; ++ti)
+        for (dim hi = 0; hi < h; ++hi) {
+            const int row_kind = static_cast<int>((ti * 7 + hi * 3) % 11);
+            for (dim di = 0; di < d; ++di) {
+                float x;
+                bool raw = false, snan = false;
+                const int k = kind(rng);
+                if (row_kind == 0)
+                    x = 0.f; // an all-zero row: per-token scale FLT_MIN
+                else if (row_kind == 1)
+                    x = di % 3 == 0 ? nan : di % 3 == 1 ? inf : -inf; // amax of nothing finite
+                else if (row_kind == 2)
+                    x = uni(rng) * 1e-38f; // tiny row: f32 subnormals and the scale floor
+                else if (k < 3)
+                    x = k == 0 ? 300.f : k == 1 ? -300.f : 1e5f;
+                else if (k < 5)
+                    x = k == 3 ? nan : -nan;
+                else if (k < 7)
+                    x = k == 5 ? inf : -inf;
+                else if (k < 9)
+                    x = uni(rng) * 1e-6f;
+                else if (k < 11)
+                    raw = true, x = 0.f;
+                else if (k < 13)
+                    snan = true, x = 0.f;
+                else
+                    x = uni(rng);
+                uint8_t *p = in.bytes.data() + (ti * in.token_stride + hi * in.head_stride + di) * es;
+                uint32_t r = static_cast<uint32_t>(rng());
+                if (snan) { // a signalling NaN of the input type, either sign, a random payload
+                    raw = true;
+                    if (dt == data_type::f32)
+                        r = (r & 0x80000000u) | 0x7F800000u | ((r & 0x3FFFFFu) | 1u);
+                    else if (dt == data_type::bf16)
+                        r = (r & 0x8000u) | 0x7F80u | ((r & 0x3Fu) | 1u);
+                    else
+                        r = (r & 0x8000u) | 0x7C00u | ((r & 0x1FFu) | 1u);
+                }
+                if (dt == data_type::f32) {
+                    const uint32_t u = raw ? r : bits_of(x);
+                    std::memcpy(p, &u, 4);
+                } else {
+                    const uint16_t u = raw                     ? static_cast<uint16_t>(r)
+                                       : dt == data_type::bf16 ? detail::f32_to_bf16(x)
+                                                               : detail::f32_to_f16(x);
+                    std::memcpy(p, &u, 2);
+                }
+            }
+        }
+    return in;
+}
+
+tensor_desc cache_desc(const e2e_case &c) {
+    const dims x { c.nb, c.h, c.bs, c.d };
+    switch (c.kind) {
+        case cache_kind::hnd_padded: {
+            const dim ts = c.d + 8, hs = c.bs * ts + 4;
+            return tensor_desc(x, c.cache_dt, { c.h * hs + 12, hs, ts, 1 });
+        }
+        case cache_kind::nhd: return tensor_desc(x, c.cache_dt, { c.bs * c.h * c.d, c.d, c.h * c.d, 1 });
+        case cache_kind::packed: return tensor_desc(x, c.cache_dt, layout::packed);
+        case cache_kind::any: return tensor_desc(x, c.cache_dt, layout::any);
+    }
+    return {};
+}
+
+tensor_desc scales_md(const e2e_case &c, int mask) {
+    if (mask == scales_per_tensor) return tensor_desc({ 1 }, data_type::f32);
+    if (mask == scales_per_kv_head) return tensor_desc({ c.h }, data_type::f32);
+    return tensor_desc({ c.nb, c.h, c.bs }, data_type::f32);
+}
+
+std::vector<float> make_scales(const e2e_case &c, int mask, float base) {
+    if (mask == scales_per_tensor) return { base };
+    if (mask == scales_per_kv_head) {
+        std::vector<float> v(static_cast<size_t>(c.h));
+        for (dim i = 0; i < c.h; ++i)
+            v[static_cast<size_t>(i)] = base * (1.f + 0.37f * static_cast<float>(i));
+        return v;
+    }
+    if (mask == scales_per_token) return std::vector<float>(static_cast<size_t>(c.nb * c.h * c.bs), -7.f);
+    return {};
+}
+
+struct outputs {
+    std::vector<uint8_t> k_cache, v_cache;
+    std::vector<float> k_scales, v_scales;
+};
+
+struct inputs {
+    input_tensor key, value;
+    std::vector<int64_t> slots64;
+    std::vector<int32_t> slots32;
+};
+
+// A permutation of the slots with negative entries (skipped) and tokens sharing a slot (the later
+// one is stored).
+inputs make_inputs(const e2e_case &c, std::mt19937 &rng) {
+    inputs in {
+        make_input(c.key_dt, c.t, c.h, c.d, rng), make_input(c.value_dt, c.t, c.h, c.d, rng), {}, {}
+    };
+    std::vector<int64_t> all(static_cast<size_t>(c.nb * c.bs));
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    in.slots64.assign(all.begin(), all.begin() + c.t);
+    for (dim i = 3; i < c.t; i += 7)
+        in.slots64[static_cast<size_t>(i)] = -1;
+    for (dim i = 5; i + 4 < c.t; i += 9)
+        in.slots64[static_cast<size_t>(i + 4)] = in.slots64[static_cast<size_t>(i)];
+    in.slots64.push_back(0); // non-null data even for T = 0
+    in.slots32.assign(in.slots64.begin(), in.slots64.end());
+    return in;
+}
+
+outputs run(const reshape_and_cache::primitive_desc &pd, const e2e_case &c, const inputs &in) {
+    const tensor_desc k_md = pd.query_md(ARG_K_CACHE), v_md = pd.query_md(ARG_V_CACHE);
+    outputs o { std::vector<uint8_t>(k_md.get_size(), 0xA5), std::vector<uint8_t>(v_md.get_size(), 0xA5),
+                make_scales(c, c.k_mask, 0.037f), make_scales(c, c.v_mask, 5.3f) };
+    const void *slots = c.slots32 ? static_cast<const void *>(in.slots32.data()) : in.slots64.data();
+    exec_args args { { ARG_KEY, in.key.as_tensor() },
+                     { ARG_VALUE, in.value.as_tensor() },
+                     { ARG_K_CACHE, tensor(k_md, o.k_cache.data()) },
+                     { ARG_V_CACHE, tensor(v_md, o.v_cache.data()) },
+                     { ARG_SLOT_MAPPING,
+                       tensor(tensor_desc({ c.t }, c.slots32 ? data_type::s32 : data_type::s64), slots) } };
+    if (c.k_mask >= 0) args.emplace(ARG_K_SCALES, tensor(scales_md(c, c.k_mask), o.k_scales.data()));
+    if (c.v_mask >= 0) args.emplace(ARG_V_SCALES, tensor(scales_md(c, c.v_mask), o.v_scales.data()));
+    dnnl::stream s(pd.get_engine());
+    reshape_and_cache(pd).execute(s, args);
+    s.wait();
+    return o;
+}
+
+void expect_same_bytes(const char *what, const std::vector<uint8_t> &actual,
+                       const std::vector<uint8_t> &expected) {
+    ASSERT_EQ(actual.size(), expected.size()) << what;
+    size_t mismatches = 0;
+    for (size_t i = 0; i < actual.size(); ++i)
+        if (actual[i] != expected[i] && mismatches++ < 5)
+            ADD_FAILURE() << what << " byte " << i << ": got 0x" << std::hex << int(actual[i])
+                          << ", expected 0x" << int(expected[i]) << std::dec;
+    EXPECT_EQ(mismatches, 0u) << what << ": mismatching bytes of " << actual.size();
+}
+
+void expect_same_floats(const char *what, const std::vector<float> &actual,
+                        const std::vector<float> &expected) {
+    ASSERT_EQ(actual.size(), expected.size()) << what;
+    size_t mismatches = 0;
+    for (size_t i = 0; i < actual.size(); ++i)
+        if (bits_of(actual[i]) != bits_of(expected[i]) && mismatches++ < 5)
+            ADD_FAILURE() << what << "[" << i << "]: got " << actual[i] << ", expected " << expected[i];
+    EXPECT_EQ(mismatches, 0u) << what;
+}
+
+// Runs every implementation that accepts the case and compares it with ref:any; returns the names
+// of those that ran.
+std::vector<std::string> compare_with_reference(const e2e_case &c, uint32_t seed) {
+    std::mt19937 rng(seed);
+    const inputs in = make_inputs(c, rng);
+    const tensor_desc cache_md = cache_desc(c);
+    const reshape_and_cache::desc d(tensor_desc({ runtime_dim, c.h, c.d }, c.key_dt),
+                                    tensor_desc({ runtime_dim, c.h, c.d }, c.value_dt), cache_md, cache_md);
+    const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+    primitive_attr attr;
+    if (c.k_mask >= 0) attr.set_scales_mask(ARG_K_CACHE, c.k_mask);
+    if (c.v_mask >= 0) attr.set_scales_mask(ARG_V_CACHE, c.v_mask);
+    primitive_attr ref_attr = attr;
+    ref_attr.set_max_cpu_isa(cpu_isa::generic);
+    const reshape_and_cache::primitive_desc ref_pd(eng, d, ref_attr);
+    EXPECT_EQ(std::string(ref_pd.impl_info_str()), "ref:any");
+    const outputs expected = run(ref_pd, c, in);
+
+    std::vector<std::string> ran;
+    reshape_and_cache::primitive_desc pd(eng, d, attr);
+    do {
+        const std::string name = pd.impl_info_str();
+        SCOPED_TRACE(name);
+        ran.push_back(name);
+        EXPECT_EQ(pd.query_md(ARG_K_CACHE), ref_pd.query_md(ARG_K_CACHE));
+        const outputs actual = run(pd, c, in);
+        expect_same_bytes("k_cache", actual.k_cache, expected.k_cache);
+        expect_same_bytes("v_cache", actual.v_cache, expected.v_cache);
+        expect_same_floats("k_scales", actual.k_scales, expected.k_scales);
+        expect_same_floats("v_scales", actual.v_scales, expected.v_scales);
+    } while (pd.next_impl());
+    EXPECT_EQ(ran.back(), "ref:any");
+    return ran;
+}
+
+bool runs(cpu_isa isa) {
+    return detail::reshape_and_cache_row_encoder(isa) != nullptr &&
+           static_cast<int>(get_max_cpu_isa()) >= static_cast<int>(isa);
+}
+
+bool contains(const std::vector<std::string> &v, const char *s) {
+    return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+class every_implementation : public testing::TestWithParam<data_type> {};
+
+// For one cache type: every (key type, value type) pairing, layout and scales mask (FP8), with head
+// sizes and block sizes varying across cases.
+TEST_P(every_implementation, same_bytes_as_reference) {
+    const data_type cache_dt = GetParam();
+    const data_type activations[] = { data_type::f32, data_type::bf16, data_type::f16 };
+    std::vector<int> masks { -1 };
+    if (detail::is_fp8(cache_dt)) masks = { -1, scales_per_tensor, scales_per_kv_head, scales_per_token };
+    const dim head_sizes[] = { 64, 16, 128, 80, 48 };
+    const dim t = reduced() ? 24 : 45;
+    int n = 0;
+    for (int ki = 0; ki < 3; ++ki)
+        for (cache_kind kind :
+             { cache_kind::hnd_padded, cache_kind::nhd, cache_kind::packed, cache_kind::any })
+            for (size_t mi = 0; mi < masks.size(); ++mi, ++n) {
+                const dim d = head_sizes[n % 5], bs = n % 2 ? 32 : 16;
+                const e2e_case c { cache_dt,
+                                   activations[ki],
+                                   activations[(ki + n) % 3],
+                                   kind,
+                                   masks[mi],
+                                   masks[(mi + 1 + static_cast<size_t>(n / 4) % 2) % masks.size()],
+                                   t,
+                                   n % 3 == 0 ? 1 : 3,
+                                   d,
+                                   bs,
+                                   (t + bs - 1) / bs + 1,
+                                   n % 2 == 1 };
+                SCOPED_TRACE(case_name(c));
+                const std::vector<std::string> ran =
+                        compare_with_reference(c, 1000u + static_cast<uint32_t>(n));
+                // The fast implementations take every head size that is a multiple of their width.
+                EXPECT_EQ(ran.front() == "x64:avx512", runs(cpu_isa::avx512));
+                EXPECT_EQ(contains(ran, "x64:avx2"), runs(cpu_isa::avx2));
+            }
+}
+
+INSTANTIATE_TEST_SUITE_P(all, every_implementation,
+                         testing::Values(data_type::f32, data_type::bf16, data_type::f16, data_type::f8_e4m3,
+                                         data_type::f8_e5m2),
+                         [](const testing::TestParamInfo<data_type> &info) {
+                             return std::string(dt_str(info.param));
+                         });
+
+// Head sizes that are not a multiple of 16 (avx512 declines, avx2 takes multiples of 8), an empty
+// step, and a single-token step.
+TEST(every_implementation_edges, odd_head_sizes_and_token_counts) {
+    for (dim d : { 24, 8, 20, 512 })
+        for (dim t : { 0, 1, 9 }) {
+            const e2e_case c { data_type::f8_e4m3,
+                               data_type::bf16,
+                               data_type::f32,
+                               cache_kind::nhd,
+                               scales_per_token,
+                               scales_per_kv_head,
+                               t,
+                               2,
+                               d,
+                               4,
+                               4,
+                               false };
+            SCOPED_TRACE(case_name(c));
+            const std::vector<std::string> ran =
+                    compare_with_reference(c, 77u + static_cast<uint32_t>(d + t));
+            EXPECT_EQ(contains(ran, "x64:avx512"), runs(cpu_isa::avx512) && d % 16 == 0);
+            EXPECT_EQ(contains(ran, "x64:avx2"), runs(cpu_isa::avx2) && d % 8 == 0);
+        }
+}
+
+} // namespace
