@@ -2,7 +2,8 @@
 # Every test in one command: installs the dependencies, then
 #   1. a Release build in build/ and all its tests;
 #   2. an ASan+UBSan build with clang in build-sanitize/ and its tests at reduced sizes
-#      (PAGEDATTN_TEST_REDUCED=1; the install test is left out).
+#      (PAGEDATTN_TEST_REDUCED=1; the install test is left out);
+#   3. a build without the x86 kernels (PAGEDATTN_ENABLE_X64=OFF), its tests at reduced sizes.
 # Stops at the first failing stage.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -35,3 +36,11 @@ cmake -S . -B build-sanitize -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD
 cmake --build build-sanitize -j "$jobs"
 PAGEDATTN_TEST_REDUCED=1 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   run_ctest build-sanitize sanitizer -LE install
+
+echo "== portable build (build-portable/, PAGEDATTN_ENABLE_X64=OFF: the reference only, as on non-x86)"
+# Proves the library builds and is correct without any x86 kernel file; every suite, reduced.
+cmake -S . -B build-portable -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGEDATTN_ENABLE_X64=OFF \
+  -DPAGEDATTN_BUILD_EXAMPLES=OFF -DPAGEDATTN_BUILD_BENCHMARKS=OFF
+cmake --build build-portable -j "$jobs"
+# Everything but the test that a fast implementation is chosen (there is none in this build).
+PAGEDATTN_TEST_REDUCED=1 run_ctest build-portable portable -E 'selection|env_cap' -LE install
