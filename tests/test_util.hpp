@@ -137,7 +137,7 @@ inline void store_exact(void *base, format f, int64_t i, float x) {
 /// Rounds x to the format by its reference definition (slow for FP8: for a few values only).
 inline void store_rounded(void *base, format f, int64_t i, double x) {
     auto *p = static_cast<unsigned char *>(base);
-    uint16_t h;
+    uint16_t h = 0;
     switch (f) {
         case format::f32: {
             const float v = static_cast<float>(x);
