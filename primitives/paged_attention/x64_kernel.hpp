@@ -334,12 +334,13 @@ void packed_values_slice(const packed_values_rows &job, dim v0) {
 // acc (N rows x D) = acc * correction + probabilities x V for one packed V group, in slices of
 // dims sized to the register file (32 zmm, 16 ymm).
 template <typename V, int N, data_type v_type> void packed_values(const packed_values_rows &job) {
-    constexpr int widest = V::width == 16 ? 8 : 4;
+    // Accumulators N x S plus 2N broadcasts within the register file (32 zmm, 16 ymm).
+    constexpr int widest = V::width == 16 ? (N > 2 ? 4 : 8) : 4;
     const dim vectors = job.d / V::width;
     dim v0 = 0;
     for (; v0 + widest <= vectors; v0 += widest)
         packed_values_slice<V, N, widest, v_type>(job, v0);
-    if (v0 + 4 <= vectors && widest > 4) packed_values_slice<V, N, 4, v_type>(job, v0), v0 += 4;
+    if (widest > 4 && v0 + 4 <= vectors) packed_values_slice<V, N, 4, v_type>(job, v0), v0 += 4;
     if (v0 + 2 <= vectors) packed_values_slice<V, N, 2, v_type>(job, v0), v0 += 2;
     if (v0 < vectors) packed_values_slice<V, N, 1, v_type>(job, v0);
 }
@@ -400,6 +401,11 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
     const dim k_size = static_cast<dim>(data_type_size(k_type)),
               v_size = static_cast<dim>(data_type_size(v_type));
     const cache_view k_view(p.k_cache, false), v_view(p.v_cache, true);
+    // load_pair's units (e4m3: 2^-8) folded into q and the output: powers of two, so exact.
+    if (packed_load_unit(k_type) != 1.f)
+        for (dim i = 0; i < rows * d; ++i)
+            q[i] /= packed_load_unit(k_type);
+    const float out_factor = info.out_factor / packed_load_unit(v_type);
 
     const dim k_chunk_bytes = packed_chunk * d * k_size;
     for (dim c0 = item.kv_begin / 16 * 16; c0 < item.kv_end;) {
@@ -498,9 +504,12 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         // per V row.
         const dim first_pair = (std::max(item.kv_begin, c0) - c0) / 2;
         const dim end_pair = (std::min(item.kv_end, c1) - c0 + 1) / 2;
-        for (dim r0 = 0; r0 < rows; r0 += 2) { // two rows: their accumulators fill the registers
-            const dim n = std::min<dim>(2, rows - r0);
-            dim common_begin = item.kv_begin, common_end = item.kv_end; // tokens every row of the pair sees
+        // Rows per pass: every V element decoded once per pass serves them all; as many as the
+        // accumulators allow (4 with 32 zmm registers, 2 with 16 ymm).
+        constexpr dim value_rows = V::width == 16 ? 4 : 2;
+        for (dim r0 = 0; r0 < rows; r0 += value_rows) {
+            const dim n = std::min(value_rows, rows - r0);
+            dim common_begin = item.kv_begin, common_end = item.kv_end; // tokens every row of the pass sees
             for (dim rr = 0; rr < n; ++rr) {
                 const kv_range vr = visible_range(o, context + item.first_token + (r0 + rr) / group, seq_len);
                 common_begin = std::max(common_begin, vr.begin);
@@ -521,15 +530,17 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                                            correction + r0,
                                            acc + r0 * d,
                                            d };
-            if (n == 2)
-                packed_values_of<V, 2>(job);
-            else
-                packed_values_of<V, 1>(job);
+            switch (n) {
+                case 4: packed_values_of<V, value_rows == 4 ? 4 : 1>(job); break;
+                case 3: packed_values_of<V, value_rows == 4 ? 3 : 1>(job); break;
+                case 2: packed_values_of<V, 2>(job); break;
+                default: packed_values_of<V, 1>(job); break;
+            }
         }
         c0 = c1;
     }
 
-    store_item_output(p, a, item, acc, row_max, row_sum, info.out_factor, partial);
+    store_item_output(p, a, item, acc, row_max, row_sum, out_factor, partial);
 }
 
 template <typename V>

@@ -80,8 +80,20 @@ struct avx512_f32 {
     static reg load_f16(const void *p) {
         return _mm512_cvtph_ps(_mm256_loadu_si256(static_cast<const __m256i *>(p)));
     }
+    // FP8 codes in 16-bit lanes to f16 bits. e5m2 is the top byte of an f16. e4m3's magnitude bits
+    // shifted into an f16 give its value times 2^-8 exactly, subnormals included (they land on f16
+    // subnormals, which vcvtph2ps converts exactly whatever MXCSR says); NaN codes are patched.
+    static __m512i fp8_to_f16(__m512i x, data_type dt) {
+        if (dt == data_type::f8_e5m2) return _mm512_slli_epi16(x, 8);
+        const __m512i magnitude = _mm512_and_si512(x, _mm512_set1_epi16(0x7F));
+        const __m512i h = _mm512_or_si512(_mm512_slli_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0x80)), 8),
+                                          _mm512_slli_epi16(magnitude, 7));
+        return _mm512_mask_mov_epi16(h, _mm512_cmpeq_epi16_mask(magnitude, _mm512_set1_epi16(0x7F)),
+                                     _mm512_set1_epi16(0x7E00));
+    }
     // Packed-layout loads: 2 * width elements holding width pairs (element 2i + k is item i's k-th
-    // of the pair), split into the first and the second of each pair.
+    // of the pair), split into the first and the second of each pair. e4m3 comes out times 2^-8
+    // (packed_load_unit): the kernel folds 2^8 into q and the output, exactly.
     __attribute__((always_inline)) static void load_pair(const void *p, data_type dt, reg &first,
                                                          reg &second) {
         switch (dt) {
@@ -107,12 +119,11 @@ struct avx512_f32 {
                 second = _mm512_permutex2var_ps(a, _mm512_add_epi32(even, _mm512_set1_epi32(1)), b);
                 break;
             }
-            default: { // FP8: a pair of codes per 16-bit unit
-                const __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(static_cast<const __m256i *>(p)));
-                const __m512i low = _mm512_and_si512(x, _mm512_set1_epi32(0xFF)),
-                              high = _mm512_srli_epi32(x, 8);
-                first = dt == data_type::f8_e4m3 ? decode_e4m3_lanes(low) : decode_e5m2_lanes(low);
-                second = dt == data_type::f8_e4m3 ? decode_e4m3_lanes(high) : decode_e5m2_lanes(high);
+            default: { // FP8, 32 codes: each widened to an f16 with the same value (e4m3: x 2^-8)
+                const __m512i h = fp8_to_f16(
+                        _mm512_cvtepu8_epi16(_mm256_loadu_si256(static_cast<const __m256i *>(p))), dt);
+                first = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
+                second = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16)));
                 break;
             }
         }
@@ -181,6 +192,14 @@ struct avx2_f32 {
     static reg load_f16(const void *p) {
         return _mm256_cvtph_ps(_mm_loadu_si128(static_cast<const __m128i *>(p)));
     }
+    static __m256i fp8_to_f16(__m256i x, data_type dt) {
+        if (dt == data_type::f8_e5m2) return _mm256_slli_epi16(x, 8);
+        const __m256i magnitude = _mm256_and_si256(x, _mm256_set1_epi16(0x7F));
+        const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(x, _mm256_set1_epi16(0x80)), 8),
+                                          _mm256_slli_epi16(magnitude, 7));
+        return _mm256_blendv_epi8(h, _mm256_set1_epi16(0x7E00),
+                                  _mm256_cmpeq_epi16(magnitude, _mm256_set1_epi16(0x7F)));
+    }
     __attribute__((always_inline)) static void load_pair(const void *p, data_type dt, reg &first,
                                                          reg &second) {
         switch (dt) {
@@ -209,12 +228,11 @@ struct avx2_f32 {
                         _mm256_permute4x64_pd(_mm256_castps_pd(odd), _MM_SHUFFLE(3, 1, 2, 0)));
                 break;
             }
-            default: {
-                const __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i *>(p)));
-                const __m256i low = _mm256_and_si256(x, _mm256_set1_epi32(0xFF)),
-                              high = _mm256_srli_epi32(x, 8);
-                first = dt == data_type::f8_e4m3 ? decode_e4m3_lanes(low) : decode_e5m2_lanes(low);
-                second = dt == data_type::f8_e4m3 ? decode_e4m3_lanes(high) : decode_e5m2_lanes(high);
+            default: { // FP8, 16 codes: each widened to an f16 with the same value (e4m3: x 2^-8)
+                const __m256i h = fp8_to_f16(
+                        _mm256_cvtepu8_epi16(_mm_loadu_si128(static_cast<const __m128i *>(p))), dt);
+                first = _mm256_cvtph_ps(narrow16(h));
+                second = _mm256_cvtph_ps(narrow16(_mm256_srli_epi32(h, 16)));
                 break;
             }
         }
@@ -234,6 +252,11 @@ struct avx2_f32 {
     }
 };
 #endif
+
+/// What load_pair's values are in units of: e4m3 gives value x 2^-8, the other types the value.
+inline float packed_load_unit(data_type dt) {
+    return dt == data_type::f8_e4m3 ? 0x1p-8f : 1.f;
+}
 
 /// n elements (n a multiple of V::width) of cache type dt, times `scale`, into dst.
 template <typename V> void dequantize_row(const void *src, data_type dt, int64_t n, float scale, float *dst) {
