@@ -1,0 +1,166 @@
+// Every FP8 code through every paged_attention implementation, in both cache layouts, exactly: the
+// kernels dequantize in registers (e4m3 through f16 bits, e5m2 as f16's top byte), and FP8
+// subnormals, the largest values, inf and NaN must come out as the format defines them.
+//   values: a one-hot softmax (score 448 against 0: every other weight underflows) selects one token,
+//           the others' values are 0, and dst is exactly the selected token's dequantized V row;
+//   keys:   two tokens, score x = q * k_code against 0, dst[0] = 1 / (1 + exp(-x)) in fp64.
+#include <cmath>
+#include <cstring>
+#include <ostream>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "pagedattn/pagedattn.hpp"
+#include "reference_formats.hpp"
+
+namespace {
+
+namespace pa = pagedattn;
+
+constexpr pa::dim head_size = 16, block_size = 16;
+
+// Byte offset of (block, t, d) in a one-head cache: the element order of layout::packed written out
+// from its definition, or plain HND.
+pa::dim offset(pa::layout l, bool value, pa::dim block, pa::dim t, pa::dim d) {
+    const pa::dim region = block * block_size * head_size;
+    if (l == pa::layout::plain) return region + t * head_size + d;
+    if (!value) return region + (t / 16) * 16 * head_size + (d / 2) * 32 + (t % 16) * 2 + d % 2;
+    return region + (d / 16) * 16 * block_size + (t / 2) * 32 + (d % 16) * 2 + t % 2;
+}
+
+struct setup {
+    pa::data_type dt;
+    pa::layout l;
+    pa::dim tokens;
+    std::vector<uint8_t> k, v;
+    std::vector<int32_t> table, lens, starts { 0, 1 };
+    std::vector<float> q = std::vector<float>(head_size, 0.f), dst = std::vector<float>(head_size, 0.f);
+    pa::tensor_desc cache_md;
+
+    setup(pa::data_type dt_, pa::layout l_, pa::dim tokens_) : dt(dt_), l(l_), tokens(tokens_) {
+        const pa::dim blocks = (tokens + block_size - 1) / block_size;
+        cache_md = pa::tensor_desc({ blocks, 1, block_size, head_size }, dt, l);
+        k.assign(cache_md.get_size(), 0);
+        v.assign(cache_md.get_size(), 0);
+        for (pa::dim b = 0; b < blocks; ++b)
+            table.push_back(static_cast<int32_t>(blocks - 1 - b)); // reversed
+        lens.push_back(static_cast<int32_t>(tokens));
+    }
+    uint8_t &k_at(pa::dim t, pa::dim d) {
+        return k[offset(l, false, table[t / block_size], t % block_size, d)];
+    }
+    uint8_t &v_at(pa::dim t, pa::dim d) {
+        return v[offset(l, true, table[t / block_size], t % block_size, d)];
+    }
+    pa::paged_attention::desc desc() const {
+        pa::paged_attention::options o;
+        o.causal = false;
+        o.softmax_scale = 1.f;
+        return pa::paged_attention::desc({ { pa::runtime_dim, 1, head_size }, pa::data_type::f32 }, cache_md,
+                                         cache_md, { { pa::runtime_dim, 1, head_size }, pa::data_type::f32 },
+                                         o);
+    }
+    void run(const pa::paged_attention &prim) {
+        dnnl::stream s(dnnl::engine(dnnl::engine::kind::cpu, 0));
+        prim.execute(
+                s, { { pa::ARG_QUERY, pa::tensor({ { 1, 1, head_size }, pa::data_type::f32 }, q.data()) },
+                     { pa::ARG_K_CACHE, pa::tensor(cache_md, k.data()) },
+                     { pa::ARG_V_CACHE, pa::tensor(cache_md, v.data()) },
+                     { pa::ARG_BLOCK_TABLE,
+                       pa::tensor({ { 1, static_cast<pa::dim>(table.size()) }, pa::data_type::s32 },
+                                  table.data()) },
+                     { pa::ARG_SEQ_LENS, pa::tensor({ { 1 }, pa::data_type::s32 }, lens.data()) },
+                     { pa::ARG_QUERY_START_LOC, pa::tensor({ { 2 }, pa::data_type::s32 }, starts.data()) },
+                     { pa::ARG_DST, pa::tensor({ { 1, 1, head_size }, pa::data_type::f32 }, dst.data()) } });
+    }
+};
+
+reference::format format_of(pa::data_type dt) {
+    return dt == pa::data_type::f8_e4m3 ? reference::format::e4m3 : reference::format::e5m2;
+}
+
+struct param {
+    pa::data_type dt;
+    pa::layout l;
+};
+void PrintTo(const param &p, std::ostream *os) {
+    *os << pa::data_type_name(p.dt) << " " << pa::layout_name(p.l);
+}
+
+class fp8_codes : public ::testing::TestWithParam<param> {};
+
+TEST_P(fp8_codes, every_value_code_is_dequantized_exactly) {
+    const param p = GetParam();
+    const reference::format f = format_of(p.dt);
+    setup s(p.dt, p.l, 256 / head_size + 1); // 17 tokens: token 0 selects, the others hold 16 codes each
+    const uint8_t big = p.dt == pa::data_type::f8_e4m3 ? 0x7E : 0x5F; // 448, and 448 in e5m2 too
+    pa::paged_attention::primitive_desc pd(dnnl::engine(dnnl::engine::kind::cpu, 0), s.desc());
+    do {
+        SCOPED_TRACE(std::string(pd.impl_info_str()) + (p.l == pa::layout::packed ? " packed" : " plain"));
+        const pa::paged_attention prim(pd);
+        for (pa::dim target = 1; target < s.tokens; ++target) {
+            std::fill(s.k.begin(), s.k.end(), 0);
+            std::fill(s.v.begin(), s.v.end(), 0);
+            s.k_at(target, 0) = big;
+            // Only the selected token holds codes: every visible token's weight is positive by the
+            // definition, so a NaN or inf value elsewhere would rightly reach dst.
+            for (pa::dim d = 0; d < head_size; ++d)
+                s.v_at(target, d) = static_cast<uint8_t>((target - 1) * head_size + d);
+            s.q[0] = 1.f;
+            s.run(prim);
+            for (pa::dim d = 0; d < head_size; ++d) {
+                const uint8_t code = static_cast<uint8_t>((target - 1) * head_size + d);
+                const double expected = reference::decode_fp8(f, code);
+                const float got = s.dst[static_cast<size_t>(d)];
+                if (std::isnan(expected))
+                    EXPECT_TRUE(std::isnan(got)) << "code " << int(code);
+                else
+                    EXPECT_EQ(static_cast<double>(got), expected) << "code " << int(code);
+            }
+        }
+    } while (pd.next_impl());
+}
+
+TEST_P(fp8_codes, every_finite_key_code_is_dequantized_exactly) {
+    const param p = GetParam();
+    const reference::format f = format_of(p.dt);
+    setup s(p.dt, p.l, 2);
+    pa::paged_attention::primitive_desc pd(dnnl::engine(dnnl::engine::kind::cpu, 0), s.desc());
+    do {
+        SCOPED_TRACE(std::string(pd.impl_info_str()) + (p.l == pa::layout::packed ? " packed" : " plain"));
+        const pa::paged_attention prim(pd);
+        for (int code = 1; code < 256; ++code) {
+            const double k = reference::decode_fp8(f, static_cast<uint8_t>(code));
+            if (!std::isfinite(k) || k == 0.0) continue;
+            // q = a power of two that puts the score in [1, 2): a key read wrongly (a subnormal
+            // flushed to zero, a wrong exponent) moves the result far beyond rounding.
+            const float q = std::ldexp(1.f, -std::ilogb(k));
+            std::fill(s.k.begin(), s.k.end(), 0);
+            std::fill(s.v.begin(), s.v.end(), 0);
+            s.k_at(0, 5) = static_cast<uint8_t>(code);
+            s.v_at(0, 0) = p.dt == pa::data_type::f8_e4m3 ? 0x38 : 0x3C; // 1.0
+            s.v_at(1, 1) = p.dt == pa::data_type::f8_e4m3 ? 0x38 : 0x3C;
+            std::fill(s.q.begin(), s.q.end(), 0.f);
+            s.q[5] = q;
+            s.run(prim);
+            const double x = static_cast<double>(q) * k;
+            const double expected = 1.0 / (1.0 + std::exp(-x));
+            // f32 softmax of two scores: a few ulps of the weights.
+            EXPECT_NEAR(s.dst[0], expected, 4e-7) << "code " << code << " key " << k;
+            EXPECT_NEAR(s.dst[1], 1.0 - expected, 4e-7) << "code " << code << " key " << k;
+        }
+    } while (pd.next_impl());
+}
+
+INSTANTIATE_TEST_SUITE_P(formats, fp8_codes,
+                         ::testing::Values(param { pa::data_type::f8_e4m3, pa::layout::plain },
+                                           param { pa::data_type::f8_e4m3, pa::layout::packed },
+                                           param { pa::data_type::f8_e5m2, pa::layout::plain },
+                                           param { pa::data_type::f8_e5m2, pa::layout::packed }),
+                         [](const ::testing::TestParamInfo<param> &i) {
+                             return std::string(i.param.dt == pa::data_type::f8_e4m3 ? "e4m3" : "e5m2") +
+                                    (i.param.l == pa::layout::packed ? "_packed" : "_plain");
+                         });
+
+} // namespace
