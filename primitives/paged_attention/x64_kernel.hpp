@@ -59,7 +59,7 @@ template <typename V> std::string decline(const paged_attention_problem &p, cons
 }
 
 struct scratch_layout {
-    size_t q, acc, scores, row_max, row_sum, correction, k_row, v_row, total; // offsets in floats
+    size_t q, acc, scores, row_max, row_sum, correction, k_row, v_row, k_chunk, v_chunk, total; // in floats
     explicit scratch_layout(const paged_attention_problem &p) {
         const size_t rows = static_cast<size_t>(tokens_per_tile(p) * (p.q_heads / p.kv_heads));
         const size_t d = static_cast<size_t>(p.head_size);
@@ -71,7 +71,9 @@ struct scratch_layout {
         correction = row_sum + rows;
         k_row = correction + rows;
         v_row = k_row + d;
-        total = v_row + d;
+        k_chunk = v_row + d;
+        v_chunk = k_chunk + packed_chunk * d;
+        total = v_chunk + packed_chunk * d;
     }
 };
 
@@ -395,6 +397,7 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
     float *q = scratch + layout.q, *acc = scratch + layout.acc, *probability = scratch + layout.scores;
     float *row_max = scratch + layout.row_max, *row_sum = scratch + layout.row_sum;
     float *correction = scratch + layout.correction;
+    float *k_decoded = scratch + layout.k_chunk, *v_decoded = scratch + layout.v_chunk;
     const item_rows info = prepare_rows(p, a, item, q, acc, row_max, row_sum, partial);
 
     const data_type k_type = p.k_cache.get_data_type(), v_type = p.v_cache.get_data_type();
@@ -434,17 +437,42 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                 prefetch(next_v + dims_group * 16 * bs * v_size, next_tokens * 16 * v_size);
         }
 
-        // Scores: rows x tokens, the tokens in lanes, one 16-token group at a time.
+        // Scores: rows x tokens, the tokens in lanes, one 16-token group at a time. When several
+        // passes of rows read the chunk (prefill, verify, large GQA groups), FP8 and f16 keys are
+        // dequantized once into L1 (same element order, f32) rather than once per pass.
+        const bool k_once = rows > row_block && k_type != data_type::f32 && k_type != data_type::bf16;
+        if (k_once) {
+            for (dim i = 0; i < tokens * d; i += 2 * width) {
+                R first, second;
+                V::load_pair(k_chunk + i * k_size, k_type, first, second);
+                V::store_pair(k_decoded + i, first, second);
+            }
+        }
+        const char *k_source = k_once ? reinterpret_cast<const char *>(k_decoded) : k_chunk;
+        const data_type k_source_type = k_once ? data_type::f32 : k_type;
+        const dim k_source_size = k_once ? dim(sizeof(float)) : k_size;
         for (dim r0 = 0; r0 < rows; r0 += row_block) {
             const float *qr = q + r0 * d;
             for (dim g = 0; g < tokens / 16; ++g) {
-                const char *k_group = k_chunk + g * 16 * d * k_size;
+                const char *k_group = k_source + g * 16 * d * k_source_size;
                 float *out = probability + r0 * packed_chunk + g * 16;
                 switch (std::min(row_block, rows - r0)) {
-                    case 4: packed_scores_of<V, 4>(k_type, k_group, k_size, qr, d, out, packed_chunk); break;
-                    case 3: packed_scores_of<V, 3>(k_type, k_group, k_size, qr, d, out, packed_chunk); break;
-                    case 2: packed_scores_of<V, 2>(k_type, k_group, k_size, qr, d, out, packed_chunk); break;
-                    default: packed_scores_of<V, 1>(k_type, k_group, k_size, qr, d, out, packed_chunk); break;
+                    case 4:
+                        packed_scores_of<V, 4>(k_source_type, k_group, k_source_size, qr, d, out,
+                                               packed_chunk);
+                        break;
+                    case 3:
+                        packed_scores_of<V, 3>(k_source_type, k_group, k_source_size, qr, d, out,
+                                               packed_chunk);
+                        break;
+                    case 2:
+                        packed_scores_of<V, 2>(k_source_type, k_group, k_source_size, qr, d, out,
+                                               packed_chunk);
+                        break;
+                    default:
+                        packed_scores_of<V, 1>(k_source_type, k_group, k_source_size, qr, d, out,
+                                               packed_chunk);
+                        break;
                 }
             }
         }
@@ -507,6 +535,21 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         // Rows per pass: every V element decoded once per pass serves them all; as many as the
         // accumulators allow (4 with 32 zmm registers, 2 with 16 ymm).
         constexpr dim value_rows = V::width == 16 ? 4 : 2;
+        // With several passes, FP8 and f16 values are dequantized once into L1: the pairs of this
+        // chunk for every dims group, at the element positions of a 64-token block.
+        const bool v_once = rows > value_rows && v_type != data_type::f32 && v_type != data_type::bf16;
+        if (v_once) {
+            for (dim dims_group = 0; dims_group < d / 16; ++dims_group)
+                for (dim pair = first_pair; pair < end_pair; ++pair)
+                    for (dim sub = 0; sub < 16; sub += width) {
+                        R first, second;
+                        V::load_pair(v_region + (dims_group * 16 * bs + (offset0 / 2 + pair) * 32 + sub * 2) *
+                                                        v_size,
+                                     v_type, first, second);
+                        V::store_pair(v_decoded + dims_group * 16 * packed_chunk + pair * 32 + sub * 2, first,
+                                      second);
+                    }
+        }
         for (dim r0 = 0; r0 < rows; r0 += value_rows) {
             const dim n = std::min(value_rows, rows - r0);
             dim common_begin = item.kv_begin, common_end = item.kv_end; // tokens every row of the pass sees
@@ -515,21 +558,37 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                 common_begin = std::max(common_begin, vr.begin);
                 common_end = std::min(common_end, vr.end);
             }
-            const packed_values_rows job { v_region,
-                                           v_type,
-                                           v_size,
-                                           bs,
-                                           offset0,
-                                           c0,
-                                           first_pair,
-                                           end_pair,
-                                           common_begin,
-                                           common_end,
-                                           probability + r0 * packed_chunk,
-                                           packed_chunk,
-                                           correction + r0,
-                                           acc + r0 * d,
-                                           d };
+            const packed_values_rows job =
+                    v_once ? packed_values_rows { reinterpret_cast<const char *>(v_decoded),
+                                                  data_type::f32,
+                                                  sizeof(float),
+                                                  packed_chunk,
+                                                  0,
+                                                  c0,
+                                                  first_pair,
+                                                  end_pair,
+                                                  common_begin,
+                                                  common_end,
+                                                  probability + r0 * packed_chunk,
+                                                  packed_chunk,
+                                                  correction + r0,
+                                                  acc + r0 * d,
+                                                  d }
+                           : packed_values_rows { v_region,
+                                                  v_type,
+                                                  v_size,
+                                                  bs,
+                                                  offset0,
+                                                  c0,
+                                                  first_pair,
+                                                  end_pair,
+                                                  common_begin,
+                                                  common_end,
+                                                  probability + r0 * packed_chunk,
+                                                  packed_chunk,
+                                                  correction + r0,
+                                                  acc + r0 * d,
+                                                  d };
             switch (n) {
                 case 4: packed_values_of<V, value_rows == 4 ? 4 : 1>(job); break;
                 case 3: packed_values_of<V, value_rows == 4 ? 3 : 1>(job); break;

@@ -128,6 +128,13 @@ struct avx512_f32 {
             }
         }
     }
+    /// The inverse of load_pair for f32: interleaves first and second into 2 * width floats.
+    static void store_pair(float *p, reg first, reg second) {
+        const __m512i low = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+        _mm512_storeu_ps(p, _mm512_permutex2var_ps(first, low, second));
+        _mm512_storeu_ps(p + 16,
+                         _mm512_permutex2var_ps(first, _mm512_add_epi32(low, _mm512_set1_epi32(8)), second));
+    }
     using mask = __mmask16;
     static reg iota() { return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
     /// Lanes with lo <= x < hi.
@@ -236,6 +243,11 @@ struct avx2_f32 {
                 break;
             }
         }
+    }
+    static void store_pair(float *p, reg first, reg second) {
+        const __m256 low = _mm256_unpacklo_ps(first, second), high = _mm256_unpackhi_ps(first, second);
+        _mm256_storeu_ps(p, _mm256_permute2f128_ps(low, high, 0x20));
+        _mm256_storeu_ps(p + 8, _mm256_permute2f128_ps(low, high, 0x31));
     }
     using mask = __m256;
     static reg iota() { return _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7); }
