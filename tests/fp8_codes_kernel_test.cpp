@@ -32,13 +32,17 @@ pa::dim offset(pa::layout l, bool value, pa::dim block, pa::dim t, pa::dim d) {
 struct setup {
     pa::data_type dt;
     pa::layout l;
+    pa::data_type q_dt; // f32 or bf16 (the values used are exact in bf16)
     pa::dim tokens;
     std::vector<uint8_t> k, v;
     std::vector<int32_t> table, lens, starts { 0, 1 };
     std::vector<float> q = std::vector<float>(head_size, 0.f), dst = std::vector<float>(head_size, 0.f);
     pa::tensor_desc cache_md;
 
-    setup(pa::data_type dt_, pa::layout l_, pa::dim tokens_) : dt(dt_), l(l_), tokens(tokens_) {
+    std::vector<uint16_t> q_bf16 = std::vector<uint16_t>(head_size, 0);
+
+    setup(pa::data_type dt_, pa::layout l_, pa::data_type q_dt_, pa::dim tokens_)
+        : dt(dt_), l(l_), q_dt(q_dt_), tokens(tokens_) {
         const pa::dim blocks = (tokens + block_size - 1) / block_size;
         cache_md = pa::tensor_desc({ blocks, 1, block_size, head_size }, dt, l);
         k.assign(cache_md.get_size(), 0);
@@ -57,14 +61,19 @@ struct setup {
         pa::paged_attention::options o;
         o.causal = false;
         o.softmax_scale = 1.f;
-        return pa::paged_attention::desc({ { pa::runtime_dim, 1, head_size }, pa::data_type::f32 }, cache_md,
-                                         cache_md, { { pa::runtime_dim, 1, head_size }, pa::data_type::f32 },
-                                         o);
+        return pa::paged_attention::desc({ { pa::runtime_dim, 1, head_size }, q_dt }, cache_md, cache_md,
+                                         { { pa::runtime_dim, 1, head_size }, pa::data_type::f32 }, o);
     }
     void run(const pa::paged_attention &prim) {
+        for (pa::dim d = 0; d < head_size; ++d) { // the top half of an f32 that is exact in bf16
+            uint32_t bits;
+            std::memcpy(&bits, &q[static_cast<size_t>(d)], 4);
+            q_bf16[static_cast<size_t>(d)] = static_cast<uint16_t>(bits >> 16);
+        }
+        const void *query = q_dt == pa::data_type::bf16 ? static_cast<const void *>(q_bf16.data()) : q.data();
         dnnl::stream s(dnnl::engine(dnnl::engine::kind::cpu, 0));
         prim.execute(
-                s, { { pa::ARG_QUERY, pa::tensor({ { 1, 1, head_size }, pa::data_type::f32 }, q.data()) },
+                s, { { pa::ARG_QUERY, pa::tensor({ { 1, 1, head_size }, q_dt }, query) },
                      { pa::ARG_K_CACHE, pa::tensor(cache_md, k.data()) },
                      { pa::ARG_V_CACHE, pa::tensor(cache_md, v.data()) },
                      { pa::ARG_BLOCK_TABLE,
@@ -83,9 +92,10 @@ reference::format format_of(pa::data_type dt) {
 struct param {
     pa::data_type dt;
     pa::layout l;
+    pa::data_type q_dt;
 };
 void PrintTo(const param &p, std::ostream *os) {
-    *os << pa::data_type_name(p.dt) << " " << pa::layout_name(p.l);
+    *os << pa::data_type_name(p.dt) << " " << pa::layout_name(p.l) << " query " << pa::data_type_name(p.q_dt);
 }
 
 class fp8_codes : public ::testing::TestWithParam<param> {};
@@ -93,7 +103,8 @@ class fp8_codes : public ::testing::TestWithParam<param> {};
 TEST_P(fp8_codes, every_value_code_is_dequantized_exactly) {
     const param p = GetParam();
     const reference::format f = format_of(p.dt);
-    setup s(p.dt, p.l, 256 / head_size + 1); // 17 tokens: token 0 selects, the others hold 16 codes each
+    setup s(p.dt, p.l, p.q_dt,
+            256 / head_size + 1); // 17 tokens: token 0 selects, the others hold 16 codes each
     const uint8_t big = p.dt == pa::data_type::f8_e4m3 ? 0x7E : 0x5F; // 448, and 448 in e5m2 too
     pa::paged_attention::primitive_desc pd(dnnl::engine(dnnl::engine::kind::cpu, 0), s.desc());
     do {
@@ -125,7 +136,7 @@ TEST_P(fp8_codes, every_value_code_is_dequantized_exactly) {
 TEST_P(fp8_codes, every_finite_key_code_is_dequantized_exactly) {
     const param p = GetParam();
     const reference::format f = format_of(p.dt);
-    setup s(p.dt, p.l, 2);
+    setup s(p.dt, p.l, p.q_dt, 2);
     pa::paged_attention::primitive_desc pd(dnnl::engine(dnnl::engine::kind::cpu, 0), s.desc());
     do {
         SCOPED_TRACE(std::string(pd.impl_info_str()) + (p.l == pa::layout::packed ? " packed" : " plain"));
@@ -153,14 +164,20 @@ TEST_P(fp8_codes, every_finite_key_code_is_dequantized_exactly) {
     } while (pd.next_impl());
 }
 
-INSTANTIATE_TEST_SUITE_P(formats, fp8_codes,
-                         ::testing::Values(param { pa::data_type::f8_e4m3, pa::layout::plain },
-                                           param { pa::data_type::f8_e4m3, pa::layout::packed },
-                                           param { pa::data_type::f8_e5m2, pa::layout::plain },
-                                           param { pa::data_type::f8_e5m2, pa::layout::packed }),
+std::vector<param> params() {
+    std::vector<param> v;
+    for (pa::data_type dt : { pa::data_type::f8_e4m3, pa::data_type::f8_e5m2 })
+        for (pa::layout l : { pa::layout::plain, pa::layout::packed })
+            for (pa::data_type q : { pa::data_type::f32, pa::data_type::bf16 })
+                v.push_back({ dt, l, q });
+    return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(formats, fp8_codes, ::testing::ValuesIn(params()),
                          [](const ::testing::TestParamInfo<param> &i) {
                              return std::string(i.param.dt == pa::data_type::f8_e4m3 ? "e4m3" : "e5m2") +
-                                    (i.param.l == pa::layout::packed ? "_packed" : "_plain");
+                                    (i.param.l == pa::layout::packed ? "_packed" : "_plain") +
+                                    (i.param.q_dt == pa::data_type::bf16 ? "_qbf16" : "_qf32");
                          });
 
 } // namespace

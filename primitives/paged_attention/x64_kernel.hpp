@@ -55,6 +55,14 @@ template <typename V> std::string decline(const paged_attention_problem &p, cons
         return reason;
     }
     if (p.k_cache.get_layout() != p.v_cache.get_layout()) return "K and V caches in different layouts";
+    if constexpr (V::pair_products) {
+        if (p.k_cache.get_layout() != layout::packed) return "bf16 pair products read the packed layout only";
+        if (p.query_type != data_type::bf16)
+            return "the query is not bf16: under fpmath strict f32/f16 queries are multiplied in f32";
+        const data_type k = p.k_cache.get_data_type();
+        if (k != data_type::bf16 && k != data_type::f8_e4m3 && k != data_type::f8_e5m2)
+            return "f32/f16 keys are not exact in bf16";
+    }
     return {};
 }
 
@@ -86,12 +94,13 @@ inline size_t scratch_bytes(const paged_attention_problem &p) {
 // sink, unless the item is a piece of a split range).
 struct item_rows {
     bool k_per_token, v_per_token;
+    float q_factor;   // softmax scale times a K scale that does not vary per token
     float out_factor; // V scale that does not vary per token
 };
 
 inline item_rows prepare_rows(const paged_attention_problem &p, const paged_attention_arguments &a,
                               const work_item &item, float *q, float *acc, float *row_max, float *row_sum,
-                              const float *partial) {
+                              const float *partial, bool scale_q = true) {
     const auto &o = p.options;
     const dim group = p.q_heads / p.kv_heads, d = p.head_size;
     const dim q_begin = a.query_start_loc[item.seq];
@@ -102,6 +111,7 @@ inline item_rows prepare_rows(const paged_attention_problem &p, const paged_atte
     const float q_factor =
             o.softmax_scale *
             (info.k_per_token ? 1.f : row_scale(a.k_scales, p.k_scales_mask, p, 0, item.kv_head, 0));
+    info.q_factor = q_factor;
     info.out_factor = info.v_per_token ? 1.f : row_scale(a.v_scales, p.v_scales_mask, p, 0, item.kv_head, 0);
     for (dim r = 0; r < rows; ++r) {
         const dim t = item.first_token + r / group, head = item.kv_head * group + r % group;
@@ -109,8 +119,9 @@ inline item_rows prepare_rows(const paged_attention_problem &p, const paged_atte
                           ((q_begin + t) * a.query_token_stride + head * a.query_head_stride) *
                                   static_cast<dim>(data_type_size(p.query_type));
         convert_row_to_f32(src, p.query_type, d, 1.f, q + r * d);
-        for (dim i = 0; i < d; ++i)
-            q[r * d + i] *= q_factor;
+        if (scale_q) // else the kernel scales the scores (its q must stay exact in bf16)
+            for (dim i = 0; i < d; ++i)
+                q[r * d + i] *= q_factor;
         std::fill(acc + r * d, acc + (r + 1) * d, 0.f);
         const bool sink = a.sinks && !partial; // a split item leaves the sink to the merge
         row_max[r] = sink ? a.sinks[head] : -std::numeric_limits<float>::infinity();
@@ -267,6 +278,24 @@ void packed_scores(const char *k_group, dim k_size, const float *q, dim d, float
             V::store(out + r * out_stride + v * width, s[r][v]);
 }
 
+// Scores by bf16 pair products: q_pairs holds each row's q as bf16 pairs (d / 2 per row); the
+// scores are multiplied by `factor` (the softmax scale and any folded K scale) after the sums.
+template <typename V, int N, data_type k_type>
+void packed_pair_scores(const char *k_group, dim k_size, const uint32_t *q_pairs, dim d, float factor,
+                        float *out, dim out_stride) {
+    using R = typename V::reg;
+    R s[N];
+    for (int r = 0; r < N; ++r)
+        s[r] = V::zero();
+    for (dim pair = 0; pair < d / 2; ++pair) {
+        const typename V::pairs k = V::load_bf16_pairs(k_group + pair * 32 * k_size, k_type);
+        for (int r = 0; r < N; ++r)
+            s[r] = V::dot_pairs(s[r], q_pairs[r * (d / 2) + pair], k);
+    }
+    for (int r = 0; r < N; ++r)
+        V::store(out + r * out_stride, V::mul(s[r], V::set1(factor)));
+}
+
 // One block of rows' share of a packed V group: acc = acc * correction + probabilities x V.
 struct packed_values_rows {
     const char *v_region;
@@ -369,6 +398,27 @@ void packed_scores_of(data_type k_type, const char *k_group, dim k_size, const f
     }
 }
 
+template <typename V, int N>
+void packed_pair_scores_of(data_type k_type, const char *k_group, dim k_size, const uint32_t *q_pairs, dim d,
+                           float factor, float *out, dim out_stride) {
+    if constexpr (V::pair_products) {
+        switch (k_type) {
+            case data_type::bf16:
+                packed_pair_scores<V, N, data_type::bf16>(k_group, k_size, q_pairs, d, factor, out,
+                                                          out_stride);
+                break;
+            case data_type::f8_e4m3:
+                packed_pair_scores<V, N, data_type::f8_e4m3>(k_group, k_size, q_pairs, d, factor, out,
+                                                             out_stride);
+                break;
+            default:
+                packed_pair_scores<V, N, data_type::f8_e5m2>(k_group, k_size, q_pairs, d, factor, out,
+                                                             out_stride);
+                break;
+        }
+    }
+}
+
 template <typename V, int N> void packed_values_of(const packed_values_rows &job) {
     switch (job.v_type) {
         case data_type::f32: packed_values<V, N, data_type::f32>(job); break;
@@ -398,14 +448,21 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
     float *row_max = scratch + layout.row_max, *row_sum = scratch + layout.row_sum;
     float *correction = scratch + layout.correction;
     float *k_decoded = scratch + layout.k_chunk, *v_decoded = scratch + layout.v_chunk;
-    const item_rows info = prepare_rows(p, a, item, q, acc, row_max, row_sum, partial);
+    const item_rows info = prepare_rows(p, a, item, q, acc, row_max, row_sum, partial, !V::pair_products);
 
     const data_type k_type = p.k_cache.get_data_type(), v_type = p.v_cache.get_data_type();
     const dim k_size = static_cast<dim>(data_type_size(k_type)),
               v_size = static_cast<dim>(data_type_size(v_type));
     const cache_view k_view(p.k_cache, false), v_view(p.v_cache, true);
+    // Pair products: q as bf16 pairs (exact: the query is bf16), packed in place over the f32 q
+    // (pair i is written at index i / 2 <= i, after both of its values were read).
+    uint32_t *q_pairs = reinterpret_cast<uint32_t *>(q);
+    if constexpr (V::pair_products)
+        for (dim i = 0; i < rows * d; i += 2)
+            q_pairs[i / 2] = static_cast<uint32_t>(f32_to_bf16(q[i])) |
+                             static_cast<uint32_t>(f32_to_bf16(q[i + 1])) << 16;
     // load_pair's units (e4m3: 2^-8) folded into q and the output: powers of two, so exact.
-    if (packed_load_unit(k_type) != 1.f)
+    if (!V::pair_products && packed_load_unit(k_type) != 1.f)
         for (dim i = 0; i < rows * d; ++i)
             q[i] /= packed_load_unit(k_type);
     const float out_factor = info.out_factor / packed_load_unit(v_type);
@@ -440,7 +497,8 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         // Scores: rows x tokens, the tokens in lanes, one 16-token group at a time. When several
         // passes of rows read the chunk (prefill, verify, large GQA groups), FP8 and f16 keys are
         // dequantized once into L1 (same element order, f32) rather than once per pass.
-        const bool k_once = rows > row_block && k_type != data_type::f32 && k_type != data_type::bf16;
+        const bool k_once = !V::pair_products && rows > row_block && k_type != data_type::f32 &&
+                            k_type != data_type::bf16;
         if (k_once) {
             for (dim i = 0; i < tokens * d; i += 2 * width) {
                 R first, second;
@@ -451,28 +509,53 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         const char *k_source = k_once ? reinterpret_cast<const char *>(k_decoded) : k_chunk;
         const data_type k_source_type = k_once ? data_type::f32 : k_type;
         const dim k_source_size = k_once ? dim(sizeof(float)) : k_size;
-        for (dim r0 = 0; r0 < rows; r0 += row_block) {
-            const float *qr = q + r0 * d;
-            for (dim g = 0; g < tokens / 16; ++g) {
-                const char *k_group = k_source + g * 16 * d * k_source_size;
-                float *out = probability + r0 * packed_chunk + g * 16;
-                switch (std::min(row_block, rows - r0)) {
-                    case 4:
-                        packed_scores_of<V, 4>(k_source_type, k_group, k_source_size, qr, d, out,
-                                               packed_chunk);
-                        break;
-                    case 3:
-                        packed_scores_of<V, 3>(k_source_type, k_group, k_source_size, qr, d, out,
-                                               packed_chunk);
-                        break;
-                    case 2:
-                        packed_scores_of<V, 2>(k_source_type, k_group, k_source_size, qr, d, out,
-                                               packed_chunk);
-                        break;
-                    default:
-                        packed_scores_of<V, 1>(k_source_type, k_group, k_source_size, qr, d, out,
-                                               packed_chunk);
-                        break;
+        if constexpr (V::pair_products) {
+            for (dim r0 = 0; r0 < rows; r0 += row_block) {
+                const uint32_t *qr = q_pairs + r0 * (d / 2);
+                for (dim g = 0; g < tokens / 16; ++g) {
+                    const char *k_group = k_chunk + g * 16 * d * k_size;
+                    float *out = probability + r0 * packed_chunk + g * 16;
+                    const float f = info.q_factor;
+                    switch (std::min(row_block, rows - r0)) {
+                        case 4:
+                            packed_pair_scores_of<V, 4>(k_type, k_group, k_size, qr, d, f, out, packed_chunk);
+                            break;
+                        case 3:
+                            packed_pair_scores_of<V, 3>(k_type, k_group, k_size, qr, d, f, out, packed_chunk);
+                            break;
+                        case 2:
+                            packed_pair_scores_of<V, 2>(k_type, k_group, k_size, qr, d, f, out, packed_chunk);
+                            break;
+                        default:
+                            packed_pair_scores_of<V, 1>(k_type, k_group, k_size, qr, d, f, out, packed_chunk);
+                            break;
+                    }
+                }
+            }
+        } else {
+            for (dim r0 = 0; r0 < rows; r0 += row_block) {
+                const float *qr = q + r0 * d;
+                for (dim g = 0; g < tokens / 16; ++g) {
+                    const char *k_group = k_source + g * 16 * d * k_source_size;
+                    float *out = probability + r0 * packed_chunk + g * 16;
+                    switch (std::min(row_block, rows - r0)) {
+                        case 4:
+                            packed_scores_of<V, 4>(k_source_type, k_group, k_source_size, qr, d, out,
+                                                   packed_chunk);
+                            break;
+                        case 3:
+                            packed_scores_of<V, 3>(k_source_type, k_group, k_source_size, qr, d, out,
+                                                   packed_chunk);
+                            break;
+                        case 2:
+                            packed_scores_of<V, 2>(k_source_type, k_group, k_source_size, qr, d, out,
+                                                   packed_chunk);
+                            break;
+                        default:
+                            packed_scores_of<V, 1>(k_source_type, k_group, k_source_size, qr, d, out,
+                                                   packed_chunk);
+                            break;
+                    }
                 }
             }
         }

@@ -35,6 +35,7 @@ template <typename V> typename V::reg exp_negative(typename V::reg x) {
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 struct avx512_f32 {
     static constexpr int width = 16;
+    static constexpr bool pair_products = false; // scores by f32 FMAs
     using reg = __m512;
     static reg zero() { return _mm512_setzero_ps(); }
     static reg set1(float x) { return _mm512_set1_ps(x); }
@@ -150,6 +151,7 @@ struct avx512_f32 {
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 struct avx2_f32 {
     static constexpr int width = 8;
+    static constexpr bool pair_products = false;
     using reg = __m256;
     static reg zero() { return _mm256_setzero_ps(); }
     static reg set1(float x) { return _mm256_set1_ps(x); }
@@ -261,6 +263,54 @@ struct avx2_f32 {
         m = _mm_max_ps(m, _mm_movehl_ps(m, m));
         m = _mm_max_ss(m, _mm_movehdup_ps(m));
         return _mm_cvtss_f32(m);
+    }
+};
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+/// avx512_f32 plus bf16 pair products (vdpbf16ps) for the scores: q . k over a pair of dims in one
+/// instruction. The products of bf16 values are exact in f32; the keys (bf16, or FP8 converted
+/// exactly) are never bf16 denormals, which vdpbf16ps would read as zero.
+struct avx512_bf16_f32 : avx512_f32 {
+    static constexpr bool pair_products = true;
+    using pairs = __m512bh;
+
+    // 32 FP8 codes in 16-bit lanes to bf16 bits: the exponent rebiased for normal codes, a table
+    // for the subnormal ones (normal in bf16), NaN and inf patched.
+    static __m512i fp8_to_bf16(__m512i x, data_type dt) {
+        const __m512i magnitude = _mm512_and_si512(x, _mm512_set1_epi16(0x7F));
+        const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0x80)), 8);
+        __m512i bits;
+        if (dt == data_type::f8_e4m3) { // S.EEEE.MMM: bf16 exponent E + 120; M x 2^-9 for E = 0
+            const __m512i subnormal = _mm512_zextsi128_si512(
+                    _mm_setr_epi16(0, 0x3B00, 0x3B80, 0x3BC0, 0x3C00, 0x3C20, 0x3C40, 0x3C60));
+            bits = _mm512_add_epi16(_mm512_slli_epi16(magnitude, 4), _mm512_set1_epi16(120 << 7));
+            bits = _mm512_mask_mov_epi16(bits, _mm512_cmplt_epu16_mask(magnitude, _mm512_set1_epi16(8)),
+                                         _mm512_permutexvar_epi16(magnitude, subnormal));
+            bits = _mm512_mask_mov_epi16(bits, _mm512_cmpeq_epi16_mask(magnitude, _mm512_set1_epi16(0x7F)),
+                                         _mm512_set1_epi16(0x7FC0));
+        } else { // S.EEEEE.MM: bf16 exponent E + 112; M x 2^-16 for E = 0; E = 31: inf, NaN
+            const __m512i subnormal =
+                    _mm512_zextsi128_si512(_mm_setr_epi16(0, 0x3780, 0x3800, 0x3840, 0, 0, 0, 0));
+            bits = _mm512_add_epi16(_mm512_slli_epi16(magnitude, 5), _mm512_set1_epi16(112 << 7));
+            bits = _mm512_mask_mov_epi16(bits, _mm512_cmplt_epu16_mask(magnitude, _mm512_set1_epi16(4)),
+                                         _mm512_permutexvar_epi16(magnitude, subnormal));
+            bits = _mm512_mask_mov_epi16(bits, _mm512_cmpeq_epi16_mask(magnitude, _mm512_set1_epi16(0x7C)),
+                                         _mm512_set1_epi16(0x7F80));
+            bits = _mm512_mask_mov_epi16(bits, _mm512_cmpgt_epu16_mask(magnitude, _mm512_set1_epi16(0x7C)),
+                                         _mm512_set1_epi16(0x7FC0));
+        }
+        return _mm512_or_si512(bits, sign);
+    }
+    /// 16 pairs (32 elements of a packed K row) as bf16 pairs: bf16 as stored, FP8 converted.
+    __attribute__((always_inline)) static pairs load_bf16_pairs(const void *p, data_type dt) {
+        if (dt == data_type::bf16) return (pairs)_mm512_loadu_si512(p);
+        return (pairs)fp8_to_bf16(_mm512_cvtepu8_epi16(_mm256_loadu_si256(static_cast<const __m256i *>(p))),
+                                  dt);
+    }
+    /// acc + q0 * k.first + q1 * k.second for 16 pairs; q_pair holds (q0, q1) as bf16 bits.
+    static reg dot_pairs(reg acc, uint32_t q_pair, pairs k) {
+        return _mm512_dpbf16_ps(acc, (pairs)_mm512_set1_epi32(static_cast<int>(q_pair)), k);
     }
 };
 #endif
