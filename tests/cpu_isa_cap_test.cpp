@@ -8,29 +8,15 @@
 #include <gtest/gtest.h>
 
 #include "pagedattn/pagedattn.hpp"
+#include "test_util.hpp"
 
 namespace {
 
 using pagedattn::cpu_isa;
 
-// The test's own parse of the variable, written from the documented names.
-cpu_isa expected_cap() {
-    const char *value = std::getenv("PAGEDATTN_MAX_CPU_ISA");
-    if (!value) return cpu_isa::all;
-    std::string v(value);
-    for (char &c : v)
-        c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    if (v == "generic") return cpu_isa::generic;
-    if (v == "avx2") return cpu_isa::avx2;
-    if (v == "avx512") return cpu_isa::avx512;
-    if (v == "avx512_bf16") return cpu_isa::avx512_bf16;
-    if (v == "amx") return cpu_isa::amx;
-    return cpu_isa::all;
-}
-
 TEST(cpu_isa_cap, environment_caps_the_host_level) {
     const cpu_isa host = pagedattn::get_host_cpu_isa();
-    const cpu_isa cap = expected_cap();
+    const cpu_isa cap = test_util::environment_cap();
     EXPECT_EQ(pagedattn::get_max_cpu_isa(), std::min(host, cap))
             << "host " << pagedattn::cpu_isa_name(host) << ", cap " << pagedattn::cpu_isa_name(cap);
     EXPECT_NE(pagedattn::get_host_cpu_isa(), cpu_isa::all) << "the host level is a real level, never 'all'";

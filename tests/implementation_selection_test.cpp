@@ -220,21 +220,6 @@ INSTANTIATE_TEST_SUITE_P(matrix, selection, ::testing::ValuesIn(configs()),
 // ---------------------------------------------------------------------------------------------
 // The environment cap (ctest runs env_cap.* under several PAGEDATTN_MAX_CPU_ISA values)
 
-/// The test's own parse of the variable, from the documented names; unset or unknown = no cap.
-cpu_isa environment_cap() {
-    const char *value = std::getenv("PAGEDATTN_MAX_CPU_ISA");
-    if (!value) return cpu_isa::all;
-    std::string v(value);
-    for (char &c : v)
-        c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    if (v == "generic") return cpu_isa::generic;
-    if (v == "avx2") return cpu_isa::avx2;
-    if (v == "avx512") return cpu_isa::avx512;
-    if (v == "avx512_bf16") return cpu_isa::avx512_bf16;
-    if (v == "amx") return cpu_isa::amx;
-    return cpu_isa::all;
-}
-
 /// Problems every x64 implementation accepts (D and block size multiples of 16), in a plain and a
 /// packed cache, FP8 with per-token scales and bf16.
 std::vector<config> env_configs() {

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -38,6 +39,22 @@ namespace pa = pagedattn;
 using reference::format;
 
 /// PAGEDATTN_TEST_REDUCED=1 (the sanitizer build): the largest cases are skipped.
+/// PAGEDATTN_MAX_CPU_ISA as the tests read it, from the documented names (case-insensitive); unset or
+/// unknown means no cap.
+inline pa::cpu_isa environment_cap() {
+    const char *value = std::getenv("PAGEDATTN_MAX_CPU_ISA");
+    if (!value) return pa::cpu_isa::all;
+    std::string v(value);
+    for (char &c : v)
+        c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (v == "generic") return pa::cpu_isa::generic;
+    if (v == "avx2") return pa::cpu_isa::avx2;
+    if (v == "avx512") return pa::cpu_isa::avx512;
+    if (v == "avx512_bf16") return pa::cpu_isa::avx512_bf16;
+    if (v == "amx") return pa::cpu_isa::amx;
+    return pa::cpu_isa::all;
+}
+
 inline bool reduced() {
     const char *e = std::getenv("PAGEDATTN_TEST_REDUCED");
     return e != nullptr && std::string(e) == "1";

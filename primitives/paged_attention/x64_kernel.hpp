@@ -641,37 +641,22 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                 common_begin = std::max(common_begin, vr.begin);
                 common_end = std::min(common_end, vr.end);
             }
-            const packed_values_rows job =
-                    v_once ? packed_values_rows { reinterpret_cast<const char *>(v_decoded),
-                                                  data_type::f32,
-                                                  sizeof(float),
-                                                  packed_chunk,
-                                                  0,
-                                                  c0,
-                                                  first_pair,
-                                                  end_pair,
-                                                  common_begin,
-                                                  common_end,
-                                                  probability + r0 * packed_chunk,
-                                                  packed_chunk,
-                                                  correction + r0,
-                                                  acc + r0 * d,
-                                                  d }
-                           : packed_values_rows { v_region,
-                                                  v_type,
-                                                  v_size,
-                                                  bs,
-                                                  offset0,
-                                                  c0,
-                                                  first_pair,
-                                                  end_pair,
-                                                  common_begin,
-                                                  common_end,
-                                                  probability + r0 * packed_chunk,
-                                                  packed_chunk,
-                                                  correction + r0,
-                                                  acc + r0 * d,
-                                                  d };
+            // The values as stored, or their copy decoded into L1 (f32, laid out as a 64-token block).
+            const packed_values_rows job { v_once ? reinterpret_cast<const char *>(v_decoded) : v_region,
+                                           v_once ? data_type::f32 : v_type,
+                                           v_once ? dim(sizeof(float)) : v_size,
+                                           v_once ? packed_chunk : bs,
+                                           v_once ? 0 : offset0,
+                                           c0,
+                                           first_pair,
+                                           end_pair,
+                                           common_begin,
+                                           common_end,
+                                           probability + r0 * packed_chunk,
+                                           packed_chunk,
+                                           correction + r0,
+                                           acc + r0 * d,
+                                           d };
             switch (n) {
                 case 4: packed_values_of<V, value_rows == 4 ? 4 : 1>(job); break;
                 case 3: packed_values_of<V, value_rows == 4 ? 3 : 1>(job); break;
