@@ -5,6 +5,7 @@
 // cache types of one shape alternate repetition by repetition, so drift does not bias their ratios.
 //
 //   pagedattn_bench [--csv PATH] [--filter decode|verify|prefill|reshape] [--reps N] [--no-flush]
+//                  [--context N]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -116,6 +117,7 @@ struct config {
     std::string csv, filter;
     int reps = 20;
     bool flush = true; // --no-flush: caches stay warm (diagnosis: compute vs memory)
+    long context = 0;  // --context N: only the decode shapes of that context (while tuning a kernel)
     double dram = 0, matmul = 0;
     std::vector<row> rows;
     bool wants(const char *kind) const { return filter.empty() || filter == kind; }
@@ -270,6 +272,7 @@ void run_attention(config &cfg) {
             for (long context : { 128L, 512L, 2048L, 8192L, 32768L })
                 for (long block_size : { 128L, 16L }) {
                     if (block_size == 16 && context != 8192) continue; // 16 is reported beside, at one size
+                    if (cfg.context && context != cfg.context) continue;
                     std::vector<attention_case> cases;
                     cases.reserve(3);
                     for (data_type dt : types)
@@ -372,8 +375,11 @@ int main(int argc, char **argv) {
             cfg.flush = false;
         else if (a == "--reps" && i + 1 < argc)
             cfg.reps = std::max(1, std::atoi(argv[++i]));
+        else if (a == "--context" && i + 1 < argc)
+            cfg.context = std::atol(argv[++i]);
         else {
-            std::printf("usage: %s [--csv PATH] [--filter decode|verify|prefill|reshape] [--reps N]\n",
+            std::printf("usage: %s [--csv PATH] [--filter decode|verify|prefill|reshape] [--reps N] "
+                        "[--no-flush] [--context N]\n",
                         argv[0]);
             return a == "--help" ? 0 : 2;
         }

@@ -249,30 +249,57 @@ void run_item_plain(const paged_attention_problem &p, const paged_attention_argu
     store_item_output(p, a, item, acc, row_max, row_sum, out_factor, partial);
 }
 
-inline void prefetch(const char *p, dim bytes) {
-    for (dim i = 0; i < bytes; i += 64)
-        _mm_prefetch(p + i, _MM_HINT_T0);
-}
+// The next chunk's K or V bytes, fetched a cache line at a time as the current chunk's inner loops
+// consume the same number of bytes: the loads overlap the FMAs. (Issued in one burst at the
+// chunk's start, the prefetches filled the miss queues and stalled the core for about the memory
+// time.) The bytes are `runs` runs of `run_bytes`, `stride` apart: one run for a K chunk, one per
+// group of 16 dims for a V chunk.
+struct prefetch_stream {
+    const char *base = nullptr;
+    dim run_bytes = 0, stride = 0, runs = 0;
+    dim run = 0, offset = 0, credit = 0;
+
+    __attribute__((always_inline)) void advance(dim bytes) {
+        credit += bytes;
+        while (credit >= 64 && run < runs) {
+            _mm_prefetch(base + run * stride + offset, _MM_HINT_T0);
+            credit -= 64;
+            offset += 64;
+            if (offset >= run_bytes) offset = 0, ++run;
+        }
+    }
+};
 
 // Scores of N rows against one 16-token group of a packed K block: out[r][t] = q_r . k_t.
+// The group's pair of dims is decoded first, then each row's two q values are broadcast once and
+// used at once: N x lanes accumulators + 2 x lanes K vectors + 2 broadcasts fit the 16 ymm registers
+// of AVX2 for N = 4 (an accumulator spilled to the stack would put a store-to-load forward into its
+// dependency chain).
 template <typename V, int N, data_type k_type>
-void packed_scores(const char *k_group, dim k_size, const float *q, dim d, float *out, dim out_stride) {
+void packed_scores(const char *k_group, dim k_size, const float *q, dim d, float *out, dim out_stride,
+                   prefetch_stream &next) {
     using R = typename V::reg;
     constexpr int width = V::width, lanes = 16 / width;
     R s[N][lanes];
     for (int r = 0; r < N; ++r)
         for (int v = 0; v < lanes; ++v)
             s[r][v] = V::zero();
+    prefetch_stream ahead = next; // a local copy stays in registers
     for (dim pair = 0; pair < d / 2; ++pair) {
-        for (int v = 0; v < lanes; ++v) {
-            R first, second;
-            V::load_pair(k_group + (pair * 32 + v * 2 * width) * k_size, k_type, first, second);
-            for (int r = 0; r < N; ++r) {
-                s[r][v] = V::fma(V::set1(q[r * d + 2 * pair]), first, s[r][v]);
-                s[r][v] = V::fma(V::set1(q[r * d + 2 * pair + 1]), second, s[r][v]);
-            }
+        R first[lanes], second[lanes];
+        for (int v = 0; v < lanes; ++v)
+            V::load_pair(k_group + (pair * 32 + v * 2 * width) * k_size, k_type, first[v], second[v]);
+        ahead.advance(32 * k_size);
+        for (int r = 0; r < N; ++r) {
+            const R q0 = V::set1(q[r * d + 2 * pair]);
+            for (int v = 0; v < lanes; ++v)
+                s[r][v] = V::fma(q0, first[v], s[r][v]);
+            const R q1 = V::set1(q[r * d + 2 * pair + 1]);
+            for (int v = 0; v < lanes; ++v)
+                s[r][v] = V::fma(q1, second[v], s[r][v]);
         }
     }
+    next = ahead;
     for (int r = 0; r < N; ++r)
         for (int v = 0; v < lanes; ++v)
             V::store(out + r * out_stride + v * width, s[r][v]);
@@ -282,16 +309,19 @@ void packed_scores(const char *k_group, dim k_size, const float *q, dim d, float
 // scores are multiplied by `factor` (the softmax scale and any folded K scale) after the sums.
 template <typename V, int N, data_type k_type>
 void packed_pair_scores(const char *k_group, dim k_size, const uint32_t *q_pairs, dim d, float factor,
-                        float *out, dim out_stride) {
+                        float *out, dim out_stride, prefetch_stream &next) {
     using R = typename V::reg;
     R s[N];
     for (int r = 0; r < N; ++r)
         s[r] = V::zero();
+    prefetch_stream ahead = next;
     for (dim pair = 0; pair < d / 2; ++pair) {
         const typename V::pairs k = V::load_bf16_pairs(k_group + pair * 32 * k_size, k_type);
+        ahead.advance(32 * k_size);
         for (int r = 0; r < N; ++r)
             s[r] = V::dot_pairs(s[r], q_pairs[r * (d / 2) + pair], k);
     }
+    next = ahead;
     for (int r = 0; r < N; ++r)
         V::store(out + r * out_stride, V::mul(s[r], V::set1(factor)));
 }
@@ -307,6 +337,7 @@ struct packed_values_rows {
     const float *correction;
     float *acc; // rows x d
     dim d;
+    prefetch_stream *next; // the next chunk's V
 };
 
 // Pairs every row sees take the fast path; at range edges a token a row does not see is skipped
@@ -331,19 +362,22 @@ void packed_values_slice(const packed_values_rows &job, dim v0) {
     // skipped for that row, so that 0 * (a non-finite value it excludes) cannot leak in.
     const dim fast_begin = std::max(job.first_pair, (job.common_begin - job.g0 + 1) / 2);
     const dim fast_end = std::max(fast_begin, std::min(job.end_pair, (job.common_end - job.g0) / 2));
+    // The S vectors of a token pair are decoded first, then each row's two probabilities are
+    // broadcast once: N x S accumulators + 2 x S values + 2 broadcasts stay in registers.
+    prefetch_stream ahead = *job.next;
     for (dim pair = fast_begin; pair < fast_end; ++pair) {
-        R w0[N], w1[N];
+        R first[S], second[S];
+        for (int i = 0; i < S; ++i)
+            V::load_pair(row_of(i, pair), v_type, first[i], second[i]);
+        ahead.advance(S * 2 * width * job.v_size);
         for (int r = 0; r < N; ++r) {
-            w0[r] = V::set1(job.probability[r * job.prob_stride + 2 * pair]);
-            w1[r] = V::set1(job.probability[r * job.prob_stride + 2 * pair + 1]);
-        }
-        for (int i = 0; i < S; ++i) {
-            R first, second;
-            V::load_pair(row_of(i, pair), v_type, first, second);
-            for (int r = 0; r < N; ++r)
-                out[r][i] = V::fma(w0[r], first, V::fma(w1[r], second, out[r][i]));
+            const R w0 = V::set1(job.probability[r * job.prob_stride + 2 * pair]);
+            const R w1 = V::set1(job.probability[r * job.prob_stride + 2 * pair + 1]);
+            for (int i = 0; i < S; ++i)
+                out[r][i] = V::fma(w0, first[i], V::fma(w1, second[i], out[r][i]));
         }
     }
+    *job.next = ahead;
     for (dim pair = job.first_pair; pair < job.end_pair; ++pair) {
         if (pair == fast_begin) pair = fast_end;
         if (pair >= job.end_pair) break;
@@ -365,8 +399,8 @@ void packed_values_slice(const packed_values_rows &job, dim v0) {
 // acc (N rows x D) = acc * correction + probabilities x V for one packed V group, in slices of
 // dims sized to the register file (32 zmm, 16 ymm).
 template <typename V, int N, data_type v_type> void packed_values(const packed_values_rows &job) {
-    // Accumulators N x S plus 2N broadcasts within the register file (32 zmm, 16 ymm).
-    constexpr int widest = V::width == 16 ? (N > 2 ? 4 : 8) : 4;
+    // N x S accumulators + 2 x S values + 2 broadcasts within the register file (32 zmm, 16 ymm).
+    constexpr int widest = V::width == 16 ? (N > 1 ? 4 : 8) : (N > 1 ? 2 : 4);
     const dim vectors = job.d / V::width;
     dim v0 = 0;
     for (; v0 + widest <= vectors; v0 += widest)
@@ -380,40 +414,40 @@ template <typename V, int N, data_type v_type> void packed_values(const packed_v
 // compile time; N rows.
 template <typename V, int N>
 void packed_scores_of(data_type k_type, const char *k_group, dim k_size, const float *q, dim d, float *out,
-                      dim out_stride) {
+                      dim out_stride, prefetch_stream &next) {
     switch (k_type) {
         case data_type::f32:
-            packed_scores<V, N, data_type::f32>(k_group, k_size, q, d, out, out_stride);
+            packed_scores<V, N, data_type::f32>(k_group, k_size, q, d, out, out_stride, next);
             break;
         case data_type::bf16:
-            packed_scores<V, N, data_type::bf16>(k_group, k_size, q, d, out, out_stride);
+            packed_scores<V, N, data_type::bf16>(k_group, k_size, q, d, out, out_stride, next);
             break;
         case data_type::f16:
-            packed_scores<V, N, data_type::f16>(k_group, k_size, q, d, out, out_stride);
+            packed_scores<V, N, data_type::f16>(k_group, k_size, q, d, out, out_stride, next);
             break;
         case data_type::f8_e4m3:
-            packed_scores<V, N, data_type::f8_e4m3>(k_group, k_size, q, d, out, out_stride);
+            packed_scores<V, N, data_type::f8_e4m3>(k_group, k_size, q, d, out, out_stride, next);
             break;
-        default: packed_scores<V, N, data_type::f8_e5m2>(k_group, k_size, q, d, out, out_stride); break;
+        default: packed_scores<V, N, data_type::f8_e5m2>(k_group, k_size, q, d, out, out_stride, next); break;
     }
 }
 
 template <typename V, int N>
 void packed_pair_scores_of(data_type k_type, const char *k_group, dim k_size, const uint32_t *q_pairs, dim d,
-                           float factor, float *out, dim out_stride) {
+                           float factor, float *out, dim out_stride, prefetch_stream &next) {
     if constexpr (V::pair_products) {
         switch (k_type) {
             case data_type::bf16:
                 packed_pair_scores<V, N, data_type::bf16>(k_group, k_size, q_pairs, d, factor, out,
-                                                          out_stride);
+                                                          out_stride, next);
                 break;
             case data_type::f8_e4m3:
                 packed_pair_scores<V, N, data_type::f8_e4m3>(k_group, k_size, q_pairs, d, factor, out,
-                                                             out_stride);
+                                                             out_stride, next);
                 break;
             default:
                 packed_pair_scores<V, N, data_type::f8_e5m2>(k_group, k_size, q_pairs, d, factor, out,
-                                                             out_stride);
+                                                             out_stride, next);
                 break;
         }
     }
@@ -467,7 +501,6 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
             q[i] /= packed_load_unit(k_type);
     const float out_factor = info.out_factor / packed_load_unit(v_type);
 
-    const dim k_chunk_bytes = packed_chunk * d * k_size;
     for (dim c0 = item.kv_begin / 16 * 16; c0 < item.kv_end;) {
         const dim logical_block = c0 / bs, offset0 = c0 - logical_block * bs;
         const dim c1 =
@@ -479,19 +512,22 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         const char *v_region =
                 static_cast<const char *>(a.v_cache) + v_view.region(block, item.kv_head) * v_size;
         const dim scale_base = (block * p.kv_heads + item.kv_head) * bs + offset0;
-        if (c1 < item.kv_end) { // the next chunk's K and V, from DRAM while this one computes
+        prefetch_stream k_next, v_next; // the next chunk's K and V, from DRAM while this one computes
+        if (c1 < item.kv_end) {
             const dim next_logical = c1 / bs, next_offset = c1 % bs;
             const dim next_block = next_logical == logical_block
                                            ? block
                                            : a.block_table[item.seq * a.block_table_stride + next_logical];
             const dim next_tokens = std::min(packed_chunk, bs - next_offset);
-            prefetch(static_cast<const char *>(a.k_cache) +
-                             (k_view.region(next_block, item.kv_head) + next_offset * d) * k_size,
-                     std::min(k_chunk_bytes, next_tokens * d * k_size));
-            const char *next_v = static_cast<const char *>(a.v_cache) +
-                                 (v_view.region(next_block, item.kv_head) + next_offset / 2 * 32) * v_size;
-            for (dim dims_group = 0; dims_group < d / 16; ++dims_group)
-                prefetch(next_v + dims_group * 16 * bs * v_size, next_tokens * 16 * v_size);
+            k_next.base = static_cast<const char *>(a.k_cache) +
+                          (k_view.region(next_block, item.kv_head) + next_offset * d) * k_size;
+            k_next.run_bytes = next_tokens * d * k_size;
+            k_next.runs = 1;
+            v_next.base = static_cast<const char *>(a.v_cache) +
+                          (v_view.region(next_block, item.kv_head) + next_offset / 2 * 32) * v_size;
+            v_next.run_bytes = next_tokens * 16 * v_size;
+            v_next.stride = 16 * bs * v_size;
+            v_next.runs = d / 16;
         }
 
         // Scores: rows x tokens, the tokens in lanes, one 16-token group at a time. When several
@@ -518,16 +554,20 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                     const float f = info.q_factor;
                     switch (std::min(row_block, rows - r0)) {
                         case 4:
-                            packed_pair_scores_of<V, 4>(k_type, k_group, k_size, qr, d, f, out, packed_chunk);
+                            packed_pair_scores_of<V, 4>(k_type, k_group, k_size, qr, d, f, out, packed_chunk,
+                                                        k_next);
                             break;
                         case 3:
-                            packed_pair_scores_of<V, 3>(k_type, k_group, k_size, qr, d, f, out, packed_chunk);
+                            packed_pair_scores_of<V, 3>(k_type, k_group, k_size, qr, d, f, out, packed_chunk,
+                                                        k_next);
                             break;
                         case 2:
-                            packed_pair_scores_of<V, 2>(k_type, k_group, k_size, qr, d, f, out, packed_chunk);
+                            packed_pair_scores_of<V, 2>(k_type, k_group, k_size, qr, d, f, out, packed_chunk,
+                                                        k_next);
                             break;
                         default:
-                            packed_pair_scores_of<V, 1>(k_type, k_group, k_size, qr, d, f, out, packed_chunk);
+                            packed_pair_scores_of<V, 1>(k_type, k_group, k_size, qr, d, f, out, packed_chunk,
+                                                        k_next);
                             break;
                     }
                 }
@@ -541,19 +581,19 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                     switch (std::min(row_block, rows - r0)) {
                         case 4:
                             packed_scores_of<V, 4>(k_source_type, k_group, k_source_size, qr, d, out,
-                                                   packed_chunk);
+                                                   packed_chunk, k_next);
                             break;
                         case 3:
                             packed_scores_of<V, 3>(k_source_type, k_group, k_source_size, qr, d, out,
-                                                   packed_chunk);
+                                                   packed_chunk, k_next);
                             break;
                         case 2:
                             packed_scores_of<V, 2>(k_source_type, k_group, k_source_size, qr, d, out,
-                                                   packed_chunk);
+                                                   packed_chunk, k_next);
                             break;
                         default:
                             packed_scores_of<V, 1>(k_source_type, k_group, k_source_size, qr, d, out,
-                                                   packed_chunk);
+                                                   packed_chunk, k_next);
                             break;
                     }
                 }
@@ -615,9 +655,9 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         // per V row.
         const dim first_pair = (std::max(item.kv_begin, c0) - c0) / 2;
         const dim end_pair = (std::min(item.kv_end, c1) - c0 + 1) / 2;
-        // Rows per pass: every V element decoded once per pass serves them all; as many as the
-        // accumulators allow (4 with 32 zmm registers, 2 with 16 ymm).
-        constexpr dim value_rows = V::width == 16 ? 4 : 2;
+        // Rows per pass: every V element decoded once per pass serves them all (4: a GQA group of
+        // 4 q heads in decode reads each V element once).
+        constexpr dim value_rows = 4;
         // With several passes, FP8 and f16 values are dequantized once into L1: the pairs of this
         // chunk for every dims group, at the element positions of a 64-token block.
         const bool v_once = rows > value_rows && v_type != data_type::f32 && v_type != data_type::bf16;
@@ -656,10 +696,11 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                                            packed_chunk,
                                            correction + r0,
                                            acc + r0 * d,
-                                           d };
+                                           d,
+                                           &v_next };
             switch (n) {
-                case 4: packed_values_of<V, value_rows == 4 ? 4 : 1>(job); break;
-                case 3: packed_values_of<V, value_rows == 4 ? 3 : 1>(job); break;
+                case 4: packed_values_of<V, 4>(job); break;
+                case 3: packed_values_of<V, 3>(job); break;
                 case 2: packed_values_of<V, 2>(job); break;
                 default: packed_values_of<V, 1>(job); break;
             }
