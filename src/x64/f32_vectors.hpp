@@ -201,14 +201,6 @@ struct avx2_f32 {
     static reg load_f16(const void *p) {
         return _mm256_cvtph_ps(_mm_loadu_si128(static_cast<const __m128i *>(p)));
     }
-    static __m256i fp8_to_f16(__m256i x, data_type dt) {
-        if (dt == data_type::f8_e5m2) return _mm256_slli_epi16(x, 8);
-        const __m256i magnitude = _mm256_and_si256(x, _mm256_set1_epi16(0x7F));
-        const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(x, _mm256_set1_epi16(0x80)), 8),
-                                          _mm256_slli_epi16(magnitude, 7));
-        return _mm256_blendv_epi8(h, _mm256_set1_epi16(0x7E00),
-                                  _mm256_cmpeq_epi16(magnitude, _mm256_set1_epi16(0x7F)));
-    }
     __attribute__((always_inline)) static void load_pair(const void *p, data_type dt, reg &first,
                                                          reg &second) {
         switch (dt) {
@@ -219,10 +211,14 @@ struct avx2_f32 {
                         _mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
                 break;
             }
-            case data_type::f16: {
-                const __m256i x = _mm256_loadu_si256(static_cast<const __m256i *>(p));
-                first = _mm256_cvtph_ps(narrow16(x));
-                second = _mm256_cvtph_ps(narrow16(_mm256_srli_epi32(x, 16)));
+            case data_type::f16: { // even words to the low half, odd words to the high half
+                const __m256i split = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+                                                       0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+                const __m256i x = _mm256_permute4x64_epi64(
+                        _mm256_shuffle_epi8(_mm256_loadu_si256(static_cast<const __m256i *>(p)), split),
+                        _MM_SHUFFLE(3, 1, 2, 0));
+                first = _mm256_cvtph_ps(_mm256_castsi256_si128(x));
+                second = _mm256_cvtph_ps(_mm256_extracti128_si256(x, 1));
                 break;
             }
             case data_type::f32: {
@@ -237,11 +233,26 @@ struct avx2_f32 {
                         _mm256_permute4x64_pd(_mm256_castps_pd(odd), _MM_SHUFFLE(3, 1, 2, 0)));
                 break;
             }
-            default: { // FP8, 16 codes: each widened to an f16 with the same value (e4m3: x 2^-8)
-                const __m256i h = fp8_to_f16(
-                        _mm256_cvtepu8_epi16(_mm_loadu_si128(static_cast<const __m128i *>(p))), dt);
-                first = _mm256_cvtph_ps(narrow16(h));
-                second = _mm256_cvtph_ps(narrow16(_mm256_srli_epi32(h, 16)));
+            default: { // FP8, 16 codes: each made an f16 with the same value (e4m3: x 2^-8)
+                // The even codes go to the high bytes of the low half's words, the odd codes to the
+                // high half's (one shuffle of the 16 bytes in both halves): e5m2 is then f16 as is.
+                const __m256i split = _mm256_setr_epi8(-128, 0, -128, 2, -128, 4, -128, 6, -128, 8, -128, 10,
+                                                       -128, 12, -128, 14, -128, 1, -128, 3, -128, 5, -128, 7,
+                                                       -128, 9, -128, 11, -128, 13, -128, 15);
+                __m256i h = _mm256_shuffle_epi8(
+                        _mm256_broadcastsi128_si256(_mm_loadu_si128(static_cast<const __m128i *>(p))), split);
+                if (dt == data_type::f8_e4m3) {
+                    // S.EEEE.MMM in the high byte, shifted right by one with the sign copied: the
+                    // sign, a zero, E in the f16 exponent's low bits and M at its mantissa's top:
+                    // value x 2^-8, subnormals included. NaN (EEEE.MMM all ones) becomes 0xFFFF.
+                    const __m256i t = _mm256_srai_epi16(h, 1);
+                    const __m256i magnitude = _mm256_set1_epi16(0x3F80);
+                    const __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(t, magnitude), magnitude);
+                    h = _mm256_or_si256(_mm256_and_si256(t, _mm256_set1_epi16(static_cast<short>(0xBF80))),
+                                        nan);
+                }
+                first = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+                second = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
                 break;
             }
         }
