@@ -253,7 +253,8 @@ void run_item_plain(const paged_attention_problem &p, const paged_attention_argu
 // consume the same number of bytes: the loads overlap the FMAs. (Issued in one burst at the
 // chunk's start, the prefetches filled the miss queues and stalled the core for about the memory
 // time.) The bytes are `runs` runs of `run_bytes`, `stride` apart: one run for a K chunk, one per
-// group of 16 dims for a V chunk.
+// group of 16 dims for a V chunk. Into L2 (T1): the next chunk's 32 KiB of bf16 K and V would
+// evict the current chunk's V and the accumulators from the 32 KiB L1.
 struct prefetch_stream {
     const char *base = nullptr;
     dim run_bytes = 0, stride = 0, runs = 0;
@@ -262,7 +263,7 @@ struct prefetch_stream {
     __attribute__((always_inline)) void advance(dim bytes) {
         credit += bytes;
         while (credit >= 64 && run < runs) {
-            _mm_prefetch(base + run * stride + offset, _MM_HINT_T0);
+            _mm_prefetch(base + run * stride + offset, _MM_HINT_T1);
             credit -= 64;
             offset += 64;
             if (offset >= run_bytes) offset = 0, ++run;
