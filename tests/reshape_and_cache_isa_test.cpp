@@ -373,9 +373,14 @@ void expect_same_floats(const char *what, const std::vector<float> &actual,
 
 // Runs every implementation that accepts the case and compares it with ref:any; returns the names
 // of those that ran.
-std::vector<std::string> compare_with_reference(const e2e_case &c, uint32_t seed) {
+std::vector<std::string> compare_with_reference(const e2e_case &c, uint32_t seed,
+                                                const std::vector<int64_t> *slots = nullptr) {
     std::mt19937 rng(seed);
-    const inputs in = make_inputs(c, rng);
+    inputs in = make_inputs(c, rng);
+    if (slots) {
+        in.slots64 = *slots;
+        in.slots32.assign(slots->begin(), slots->end());
+    }
     const tensor_desc cache_md = cache_desc(c);
     const reshape_and_cache::desc d(tensor_desc({ runtime_dim, c.h, c.d }, c.key_dt),
                                     tensor_desc({ runtime_dim, c.h, c.d }, c.value_dt), cache_md, cache_md);
@@ -483,6 +488,45 @@ TEST(every_implementation_edges, odd_head_sizes_and_token_counts) {
             EXPECT_EQ(contains(ran, "x64:avx512"), runs(cpu_isa::avx512) && d % 16 == 0);
             EXPECT_EQ(contains(ran, "x64:avx2"), runs(cpu_isa::avx2) && d % 8 == 0);
         }
+}
+
+// Slots as a prefill writes them: runs of consecutive slots, so that 16 tokens often fill a whole
+// 16-token group of a packed block (written together by the x64 kernel) and often do not: runs
+// starting mid-group and mid-block, a run crossing blocks, a group holding a skipped token, a
+// group holding a token whose slot a later token takes, and groups cut where the kernel's task of
+// 256 tokens ends. Every cache type, per-token scales for FP8.
+TEST(every_implementation_groups, consecutive_slots_fill_packed_groups) {
+    const dim bs = 32, t = 300;
+    std::vector<int64_t> slots;
+    for (dim i = 0; i < 40; ++i) // one sequence from the start of block 0
+        slots.push_back(i);
+    for (dim i = 0; i < 64; ++i) // one from block 2, offset 8: whole groups from slot 80 on
+        slots.push_back(2 * bs + 8 + i);
+    for (dim i = 0; slots.size() < static_cast<size_t>(t); ++i) // from block 6: crosses token 256
+        slots.push_back(6 * bs + i);
+    slots[120] = -1;
+    slots[290] = slots[140]; // token 140 is superseded
+    slots.push_back(0);      // as make_inputs: one spare entry
+    const dim nb = (slots[t - 1] + bs) / bs + 1;
+    for (data_type cache_dt :
+         { data_type::f32, data_type::bf16, data_type::f16, data_type::f8_e4m3, data_type::f8_e5m2 }) {
+        const int mask = detail::is_fp8(cache_dt) ? scales_per_token : -1;
+        const e2e_case c { cache_dt,
+                           data_type::bf16,
+                           data_type::f32,
+                           cache_kind::packed,
+                           mask,
+                           mask,
+                           t,
+                           2,
+                           reduced() ? 32 : 128,
+                           bs,
+                           nb,
+                           false };
+        SCOPED_TRACE(case_name(c));
+        const std::vector<std::string> ran = compare_with_reference(c, 5u, &slots);
+        EXPECT_EQ(contains(ran, "x64:avx2"), runs(cpu_isa::avx2));
+    }
 }
 
 } // namespace

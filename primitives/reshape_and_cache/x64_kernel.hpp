@@ -11,8 +11,9 @@
 //     nearest-even mode, whose NaN (sign | 0x7E00 | payload >> 13) and overflow (>= 65520 to inf)
 //     match f32_to_f16; f32: stored as is, with a signalling NaN quieted like the reference's
 //     multiplication by the unit scale does.
-// Plain rows are stored with vector stores; the packed layout encodes into a small buffer and
-// scatters it with the offsets of src/cache_layout.hpp (pairs of dims for K, single elements for V).
+// Plain rows are stored with vector stores. For the packed layout, 16 tokens that fill a 16-token
+// group are encoded together and written in the layout's order; other tokens are encoded into a
+// small buffer and scattered with the offsets of src/cache_layout.hpp.
 #pragma once
 
 #include <algorithm>
@@ -271,24 +272,30 @@ void scatter_packed(const unsigned char *row, dim n, bool is_value, dim t, dim b
     }
 }
 
-// One (token, head) row of one cache: the scale by the mask (per-token: computed from `amax` and
-// written), then the encoded row into its slot.
+// The scale of one (token, head) row by the mask; a per-token scale is computed from `amax` and
+// written.
+inline float row_scale(const reshape_and_cache_problem &p, float amax, bool is_value, float *scales,
+                       dim block, dim head, dim offset) {
+    const int mask = is_value ? p.v_scales_mask : p.k_scales_mask;
+    if (mask == scales_per_token) {
+        const float scale =
+                std::max(amax / fp8_max((is_value ? p.v_cache : p.k_cache).get_data_type()), FLT_MIN);
+        scales[(block * p.kv_heads + head) * p.block_size + offset] = scale;
+        return scale;
+    }
+    if (mask == scales_per_kv_head) return scales[head];
+    if (mask == scales_per_tensor) return scales[0];
+    return 1.f;
+}
+
+// One (token, head) row of one cache: its scale, then the encoded row into its slot.
 template <typename V>
 void store_row(const reshape_and_cache_problem &p, const float *row, float amax, bool is_value,
                void *cache_data, float *scales, dim block, dim head, dim offset) {
     const tensor_desc &cache = is_value ? p.v_cache : p.k_cache;
-    const int mask = is_value ? p.v_scales_mask : p.k_scales_mask;
     const data_type dt = cache.get_data_type();
     const dim n = p.head_size;
-    float scale = 1.f;
-    if (mask == scales_per_token) {
-        scale = std::max(amax / fp8_max(dt), FLT_MIN);
-        scales[(block * p.kv_heads + head) * p.block_size + offset] = scale;
-    } else if (mask == scales_per_kv_head) {
-        scale = scales[head];
-    } else if (mask == scales_per_tensor) {
-        scale = scales[0];
-    }
+    const float scale = row_scale(p, amax, is_value, scales, block, head, offset);
     const cache_view view(cache, is_value);
     const dim es = static_cast<dim>(data_type_size(dt));
     char *base = static_cast<char *>(cache_data);
@@ -306,6 +313,74 @@ void store_row(const reshape_and_cache_problem &p, const float *row, float amax,
     }
 }
 
+// dst (32 elements of es bytes) = a[0], b[0], a[1], b[1], ... of 16 elements each: two tokens' values
+// of one group of 16 dims, in the packed V order.
+template <size_t es> void interleave_16(const unsigned char *a, const unsigned char *b, char *dst) {
+    for (size_t c = 0; c < es; ++c) { // 16-byte chunks: 16 / es elements of each
+        const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i *>(a + 16 * c));
+        const __m128i y = _mm_loadu_si128(reinterpret_cast<const __m128i *>(b + 16 * c));
+        __m128i low, high;
+        if constexpr (es == 1)
+            low = _mm_unpacklo_epi8(x, y), high = _mm_unpackhi_epi8(x, y);
+        else if constexpr (es == 2)
+            low = _mm_unpacklo_epi16(x, y), high = _mm_unpackhi_epi16(x, y);
+        else
+            low = _mm_unpacklo_epi32(x, y), high = _mm_unpackhi_epi32(x, y);
+        _mm_storeu_si128(reinterpret_cast<__m128i *>(dst + 32 * c), low);
+        _mm_storeu_si128(reinterpret_cast<__m128i *>(dst + 32 * c + 16), high);
+    }
+}
+
+// The encoded rows of 16 tokens (side by side, n elements each) whose slots are one whole 16-token
+// group of a block, written in the packed order: the stores walk through the group's bytes in
+// address order (K: one region of 16 x n; V: one run of 16 x 16 per group of 16 dims).
+template <typename V, size_t es>
+void write_packed_group(const unsigned char *rows, dim n, bool is_value, dim offset0, dim block_size,
+                        char *region) {
+    constexpr dim e = static_cast<dim>(es);
+    if (!is_value) {
+        char *dst = region + packed_k_offset(offset0, 0, n) * e;
+        for (dim pair = 0; pair < n / 2; ++pair)
+            for (dim j = 0; j < packed_group; ++j, dst += 2 * e)
+                std::memcpy(dst, rows + (j * n + 2 * pair) * e, 2 * es);
+        return;
+    }
+    for (dim g = 0; g < n; g += packed_group) {
+        char *dst = region + packed_v_offset(offset0, g, block_size) * e;
+        for (dim j = 0; j < packed_group; j += 2, dst += 32 * e)
+            interleave_16<es>(rows + (j * n + g) * e, rows + ((j + 1) * n + g) * e, dst);
+    }
+}
+
+// 16 tokens filling one group of a packed cache: each row converted, its scale found and the row
+// encoded into `rows`, then the group written at once.
+template <typename V>
+void store_group(const reshape_and_cache_problem &p, const reshape_and_cache_arguments &a, dim t0, dim head,
+                 bool is_value, dim block, dim offset0, float *row, unsigned char *rows) {
+    const tensor_desc &cache = is_value ? p.v_cache : p.k_cache;
+    const data_type dt = cache.get_data_type(), in_type = is_value ? p.value_type : p.key_type;
+    const bool amax = (is_value ? p.v_scales_mask : p.k_scales_mask) == scales_per_token;
+    const dim n = p.head_size, es = static_cast<dim>(data_type_size(dt));
+    const dim in_es = static_cast<dim>(data_type_size(in_type));
+    const dim token_stride = is_value ? a.value_token_stride : a.key_token_stride;
+    const dim head_stride = is_value ? a.value_head_stride : a.key_head_stride;
+    const char *in = static_cast<const char *>(is_value ? a.value : a.key);
+    float *scales = is_value ? a.v_scales : a.k_scales;
+    for (dim j = 0; j < packed_group; ++j) {
+        const float m = load_row<V>(in + ((t0 + j) * token_stride + head * head_stride) * in_es, in_type, n,
+                                    row, amax);
+        encode_row<V>(row, n, row_scale(p, m, is_value, scales, block, head, offset0 + j), dt,
+                      rows + j * n * es);
+    }
+    const cache_view view(cache, is_value);
+    char *region = static_cast<char *>(is_value ? a.v_cache : a.k_cache) + view.region(block, head) * es;
+    switch (es) {
+        case 1: write_packed_group<V, 1>(rows, n, is_value, offset0, p.block_size, region); break;
+        case 2: write_packed_group<V, 2>(rows, n, is_value, offset0, p.block_size, region); break;
+        default: write_packed_group<V, 4>(rows, n, is_value, offset0, p.block_size, region); break;
+    }
+}
+
 template <typename V> std::string decline(const reshape_and_cache_problem &p, const primitive_attr &) {
     // snprintf rather than concat<>: an inline template instantiated here, compiled with this ISA's
     // flags, could be the copy the linker keeps for the other translation units.
@@ -318,32 +393,58 @@ template <typename V> std::string decline(const reshape_and_cache_problem &p, co
     return {};
 }
 
-// Parallel over (token, kv head) rows with oneTBB; each row converts its K input, writes K, then V.
-// Tokens with a negative slot or superseded by a later token of the call are skipped.
+// Parallel with oneTBB over (span of tokens, kv head). Within a span, 16 tokens whose slots fill one
+// 16-token group of a packed cache are encoded together and written in the layout's order (the
+// common case in prefill); any other token is written row by row: it converts its K input, writes
+// K, then V. Tokens with a negative slot or superseded by a later token of the call are skipped
+// (and a group holding one takes the row path).
 template <typename V> void execute(const reshape_and_cache_problem &p, const reshape_and_cache_arguments &a) {
+    constexpr dim span = 256; // tokens per task; a group cut by a span's end takes the row path
     const dim d = p.head_size, heads = p.kv_heads;
     const bool k_amax = p.k_scales_mask == scales_per_token, v_amax = p.v_scales_mask == scales_per_token;
     const dim key_es = static_cast<dim>(data_type_size(p.key_type)),
               value_es = static_cast<dim>(data_type_size(p.value_type));
-    const dim grain = std::max<dim>(1, 2048 / d);
-    tbb::parallel_for(tbb::blocked_range<dim>(0, a.num_tokens * heads, grain),
-                      [&](const tbb::blocked_range<dim> &r) {
-                          alignas(64) float row[max_head_size];
-                          for (dim i = r.begin(); i != r.end(); ++i) {
-                              const dim t = i / heads, h = i % heads;
-                              const dim slot = a.slots64 ? a.slots64[t] : a.slots32[t];
-                              if (slot < 0 || (a.superseded && a.superseded[t])) continue;
-                              const dim block = slot / p.block_size, offset = slot % p.block_size;
-                              const char *k = static_cast<const char *>(a.key) +
-                                              (t * a.key_token_stride + h * a.key_head_stride) * key_es;
-                              float amax = load_row<V>(k, p.key_type, d, row, k_amax);
-                              store_row<V>(p, row, amax, false, a.k_cache, a.k_scales, block, h, offset);
-                              const char *v = static_cast<const char *>(a.value) +
-                                              (t * a.value_token_stride + h * a.value_head_stride) * value_es;
-                              amax = load_row<V>(v, p.value_type, d, row, v_amax);
-                              store_row<V>(p, row, amax, true, a.v_cache, a.v_scales, block, h, offset);
-                          }
-                      });
+    const bool both_packed =
+            p.k_cache.get_layout() == layout::packed && p.v_cache.get_layout() == layout::packed;
+    auto slot_of = [&](dim t) { return a.slots64 ? a.slots64[t] : static_cast<dim>(a.slots32[t]); };
+    auto writable = [&](dim t) { return slot_of(t) >= 0 && !(a.superseded && a.superseded[t]); };
+    // Tokens t .. t + 15 fill the 16-token group starting at slot_of(t).
+    auto whole_group = [&](dim t) {
+        const dim s0 = slot_of(t);
+        if (s0 < 0 || s0 % packed_group != 0) return false;
+        for (dim j = 0; j < packed_group; ++j)
+            if (slot_of(t + j) != s0 + j || !writable(t + j)) return false;
+        return true;
+    };
+    const dim spans = (a.num_tokens + span - 1) / span;
+    tbb::parallel_for(tbb::blocked_range<dim>(0, spans * heads), [&](const tbb::blocked_range<dim> &r) {
+        alignas(64) float row[max_head_size];
+        alignas(64) unsigned char group_rows[packed_group * max_head_size * sizeof(float)];
+        for (dim i = r.begin(); i != r.end(); ++i) {
+            const dim h = i % heads, first = i / heads * span, last = std::min(a.num_tokens, first + span);
+            for (dim t = first; t < last;) {
+                if (both_packed && t + packed_group <= last && whole_group(t)) {
+                    const dim slot = slot_of(t), block = slot / p.block_size, offset0 = slot % p.block_size;
+                    store_group<V>(p, a, t, h, false, block, offset0, row, group_rows);
+                    store_group<V>(p, a, t, h, true, block, offset0, row, group_rows);
+                    t += packed_group;
+                    continue;
+                }
+                if (writable(t)) {
+                    const dim slot = slot_of(t), block = slot / p.block_size, offset = slot % p.block_size;
+                    const char *k = static_cast<const char *>(a.key) +
+                                    (t * a.key_token_stride + h * a.key_head_stride) * key_es;
+                    float amax = load_row<V>(k, p.key_type, d, row, k_amax);
+                    store_row<V>(p, row, amax, false, a.k_cache, a.k_scales, block, h, offset);
+                    const char *v = static_cast<const char *>(a.value) +
+                                    (t * a.value_token_stride + h * a.value_head_stride) * value_es;
+                    amax = load_row<V>(v, p.value_type, d, row, v_amax);
+                    store_row<V>(p, row, amax, true, a.v_cache, a.v_scales, block, h, offset);
+                }
+                ++t;
+            }
+        }
+    });
 }
 
 } // namespace x64_rac
