@@ -249,27 +249,16 @@ void run_item_plain(const paged_attention_problem &p, const paged_attention_argu
     store_item_output(p, a, item, acc, row_max, row_sum, out_factor, partial);
 }
 
-// The next chunk's K or V bytes, fetched a cache line at a time as the current chunk's inner loops
-// consume the same number of bytes: the loads overlap the FMAs. (Issued in one burst at the
-// chunk's start, the prefetches filled the miss queues and stalled the core for about the memory
-// time.) The bytes are `runs` runs of `run_bytes`, `stride` apart: one run for a K chunk, one per
-// group of 16 dims for a V chunk. Into L2 (T1): the next chunk's 32 KiB of bf16 K and V would
-// evict the current chunk's V and the accumulators from the 32 KiB L1.
-struct prefetch_stream {
-    const char *base = nullptr;
-    dim run_bytes = 0, stride = 0, runs = 0;
-    dim run = 0, offset = 0, credit = 0;
-
-    __attribute__((always_inline)) void advance(dim bytes) {
-        credit += bytes;
-        while (credit >= 64 && run < runs) {
-            _mm_prefetch(base + run * stride + offset, _MM_HINT_T1);
-            credit -= 64;
-            offset += 64;
-            if (offset >= run_bytes) offset = 0, ++run;
-        }
-    }
-};
+// The next chunk is fetched while this one computes, a cache line at a time inside the inner loops:
+// each load of the current chunk is paired with a prefetch of the element at the same position in
+// the next chunk, `ahead` bytes further on (0 when there is no next chunk: the lines prefetched are
+// then the current ones, already cached). Spread like this the loads overlap the FMAs (issued in one
+// burst at the chunk's start, they filled the miss queues and stalled the core for about the memory
+// time); into L2 (T1), since the next chunk's 32 KiB of bf16 K and V would evict the current V and
+// the accumulators from the 32 KiB L1.
+__attribute__((always_inline)) inline void prefetch_ahead(const char *current, dim ahead) {
+    _mm_prefetch(current + ahead, _MM_HINT_T1);
+}
 
 // Scores of N rows against one 16-token group of a packed K block: out[r][t] = q_r . k_t.
 // The group's pair of dims is decoded first, then each row's two q values are broadcast once and
@@ -278,19 +267,22 @@ struct prefetch_stream {
 // dependency chain).
 template <typename V, int N, data_type k_type>
 void packed_scores(const char *k_group, dim k_size, const float *q, dim d, float *out, dim out_stride,
-                   prefetch_stream &next) {
+                   dim ahead) {
     using R = typename V::reg;
     constexpr int width = V::width, lanes = 16 / width;
+    constexpr dim pair_bytes = 32 * (k_type == data_type::f32                                ? 4
+                                     : k_type == data_type::bf16 || k_type == data_type::f16 ? 2
+                                                                                             : 1);
     R s[N][lanes];
     for (int r = 0; r < N; ++r)
         for (int v = 0; v < lanes; ++v)
             s[r][v] = V::zero();
-    prefetch_stream ahead = next; // a local copy stays in registers
     for (dim pair = 0; pair < d / 2; ++pair) {
         R first[lanes], second[lanes];
         for (int v = 0; v < lanes; ++v)
             V::load_pair(k_group + (pair * 32 + v * 2 * width) * k_size, k_type, first[v], second[v]);
-        ahead.advance(32 * k_size);
+        for (dim line = 0; line < pair_bytes; line += 64)
+            prefetch_ahead(k_group + pair * pair_bytes + line, ahead);
         for (int r = 0; r < N; ++r) {
             const R q0 = V::set1(q[r * d + 2 * pair]);
             for (int v = 0; v < lanes; ++v)
@@ -300,7 +292,6 @@ void packed_scores(const char *k_group, dim k_size, const float *q, dim d, float
                 s[r][v] = V::fma(q1, second[v], s[r][v]);
         }
     }
-    next = ahead;
     for (int r = 0; r < N; ++r)
         for (int v = 0; v < lanes; ++v)
             V::store(out + r * out_stride + v * width, s[r][v]);
@@ -310,19 +301,17 @@ void packed_scores(const char *k_group, dim k_size, const float *q, dim d, float
 // scores are multiplied by `factor` (the softmax scale and any folded K scale) after the sums.
 template <typename V, int N, data_type k_type>
 void packed_pair_scores(const char *k_group, dim k_size, const uint32_t *q_pairs, dim d, float factor,
-                        float *out, dim out_stride, prefetch_stream &next) {
+                        float *out, dim out_stride, dim ahead) {
     using R = typename V::reg;
     R s[N];
     for (int r = 0; r < N; ++r)
         s[r] = V::zero();
-    prefetch_stream ahead = next;
     for (dim pair = 0; pair < d / 2; ++pair) {
         const typename V::pairs k = V::load_bf16_pairs(k_group + pair * 32 * k_size, k_type);
-        ahead.advance(32 * k_size);
+        prefetch_ahead(k_group + pair * 32 * k_size, ahead);
         for (int r = 0; r < N; ++r)
             s[r] = V::dot_pairs(s[r], q_pairs[r * (d / 2) + pair], k);
     }
-    next = ahead;
     for (int r = 0; r < N; ++r)
         V::store(out + r * out_stride, V::mul(s[r], V::set1(factor)));
 }
@@ -338,7 +327,7 @@ struct packed_values_rows {
     const float *correction;
     float *acc; // rows x d
     dim d;
-    prefetch_stream *next; // the next chunk's V
+    dim ahead; // bytes from a V element of this chunk to its counterpart in the next chunk
 };
 
 // Pairs every row sees take the fast path; at range edges a token a row does not see is skipped
@@ -365,12 +354,12 @@ void packed_values_slice(const packed_values_rows &job, dim v0) {
     const dim fast_end = std::max(fast_begin, std::min(job.end_pair, (job.common_end - job.g0) / 2));
     // The S vectors of a token pair are decoded first, then each row's two probabilities are
     // broadcast once: N x S accumulators + 2 x S values + 2 broadcasts stay in registers.
-    prefetch_stream ahead = *job.next;
     for (dim pair = fast_begin; pair < fast_end; ++pair) {
         R first[S], second[S];
         for (int i = 0; i < S; ++i)
             V::load_pair(row_of(i, pair), v_type, first[i], second[i]);
-        ahead.advance(S * 2 * width * job.v_size);
+        for (int i = 0; i < S; ++i)
+            prefetch_ahead(row_of(i, pair), job.ahead);
         for (int r = 0; r < N; ++r) {
             const R w0 = V::set1(job.probability[r * job.prob_stride + 2 * pair]);
             const R w1 = V::set1(job.probability[r * job.prob_stride + 2 * pair + 1]);
@@ -378,7 +367,6 @@ void packed_values_slice(const packed_values_rows &job, dim v0) {
                 out[r][i] = V::fma(w0, first[i], V::fma(w1, second[i], out[r][i]));
         }
     }
-    *job.next = ahead;
     for (dim pair = job.first_pair; pair < job.end_pair; ++pair) {
         if (pair == fast_begin) pair = fast_end;
         if (pair >= job.end_pair) break;
@@ -415,40 +403,42 @@ template <typename V, int N, data_type v_type> void packed_values(const packed_v
 // compile time; N rows.
 template <typename V, int N>
 void packed_scores_of(data_type k_type, const char *k_group, dim k_size, const float *q, dim d, float *out,
-                      dim out_stride, prefetch_stream &next) {
+                      dim out_stride, dim ahead) {
     switch (k_type) {
         case data_type::f32:
-            packed_scores<V, N, data_type::f32>(k_group, k_size, q, d, out, out_stride, next);
+            packed_scores<V, N, data_type::f32>(k_group, k_size, q, d, out, out_stride, ahead);
             break;
         case data_type::bf16:
-            packed_scores<V, N, data_type::bf16>(k_group, k_size, q, d, out, out_stride, next);
+            packed_scores<V, N, data_type::bf16>(k_group, k_size, q, d, out, out_stride, ahead);
             break;
         case data_type::f16:
-            packed_scores<V, N, data_type::f16>(k_group, k_size, q, d, out, out_stride, next);
+            packed_scores<V, N, data_type::f16>(k_group, k_size, q, d, out, out_stride, ahead);
             break;
         case data_type::f8_e4m3:
-            packed_scores<V, N, data_type::f8_e4m3>(k_group, k_size, q, d, out, out_stride, next);
+            packed_scores<V, N, data_type::f8_e4m3>(k_group, k_size, q, d, out, out_stride, ahead);
             break;
-        default: packed_scores<V, N, data_type::f8_e5m2>(k_group, k_size, q, d, out, out_stride, next); break;
+        default:
+            packed_scores<V, N, data_type::f8_e5m2>(k_group, k_size, q, d, out, out_stride, ahead);
+            break;
     }
 }
 
 template <typename V, int N>
 void packed_pair_scores_of(data_type k_type, const char *k_group, dim k_size, const uint32_t *q_pairs, dim d,
-                           float factor, float *out, dim out_stride, prefetch_stream &next) {
+                           float factor, float *out, dim out_stride, dim ahead) {
     if constexpr (V::pair_products) {
         switch (k_type) {
             case data_type::bf16:
                 packed_pair_scores<V, N, data_type::bf16>(k_group, k_size, q_pairs, d, factor, out,
-                                                          out_stride, next);
+                                                          out_stride, ahead);
                 break;
             case data_type::f8_e4m3:
                 packed_pair_scores<V, N, data_type::f8_e4m3>(k_group, k_size, q_pairs, d, factor, out,
-                                                             out_stride, next);
+                                                             out_stride, ahead);
                 break;
             default:
                 packed_pair_scores<V, N, data_type::f8_e5m2>(k_group, k_size, q_pairs, d, factor, out,
-                                                             out_stride, next);
+                                                             out_stride, ahead);
                 break;
         }
     }
@@ -513,22 +503,18 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         const char *v_region =
                 static_cast<const char *>(a.v_cache) + v_view.region(block, item.kv_head) * v_size;
         const dim scale_base = (block * p.kv_heads + item.kv_head) * bs + offset0;
-        prefetch_stream k_next, v_next; // the next chunk's K and V, from DRAM while this one computes
+        dim k_ahead = 0, v_ahead = 0; // from this chunk's K and V to the next one's
         if (c1 < item.kv_end) {
             const dim next_logical = c1 / bs, next_offset = c1 % bs;
             const dim next_block = next_logical == logical_block
                                            ? block
                                            : a.block_table[item.seq * a.block_table_stride + next_logical];
-            const dim next_tokens = std::min(packed_chunk, bs - next_offset);
-            k_next.base = static_cast<const char *>(a.k_cache) +
-                          (k_view.region(next_block, item.kv_head) + next_offset * d) * k_size;
-            k_next.run_bytes = next_tokens * d * k_size;
-            k_next.runs = 1;
-            v_next.base = static_cast<const char *>(a.v_cache) +
-                          (v_view.region(next_block, item.kv_head) + next_offset / 2 * 32) * v_size;
-            v_next.run_bytes = next_tokens * 16 * v_size;
-            v_next.stride = 16 * bs * v_size;
-            v_next.runs = d / 16;
+            k_ahead = ((k_view.region(next_block, item.kv_head) + next_offset * d) -
+                       (k_view.region(block, item.kv_head) + offset0 * d)) *
+                      k_size;
+            v_ahead = ((v_view.region(next_block, item.kv_head) + next_offset / 2 * 32) -
+                       (v_view.region(block, item.kv_head) + offset0 / 2 * 32)) *
+                      v_size;
         }
 
         // Scores: rows x tokens, the tokens in lanes, one 16-token group at a time. When several
@@ -540,6 +526,7 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
             for (dim i = 0; i < tokens * d; i += 2 * width) {
                 R first, second;
                 V::load_pair(k_chunk + i * k_size, k_type, first, second);
+                prefetch_ahead(k_chunk + i * k_size, k_ahead);
                 V::store_pair(k_decoded + i, first, second);
             }
         }
@@ -556,19 +543,19 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                     switch (std::min(row_block, rows - r0)) {
                         case 4:
                             packed_pair_scores_of<V, 4>(k_type, k_group, k_size, qr, d, f, out, packed_chunk,
-                                                        k_next);
+                                                        k_ahead);
                             break;
                         case 3:
                             packed_pair_scores_of<V, 3>(k_type, k_group, k_size, qr, d, f, out, packed_chunk,
-                                                        k_next);
+                                                        k_ahead);
                             break;
                         case 2:
                             packed_pair_scores_of<V, 2>(k_type, k_group, k_size, qr, d, f, out, packed_chunk,
-                                                        k_next);
+                                                        k_ahead);
                             break;
                         default:
                             packed_pair_scores_of<V, 1>(k_type, k_group, k_size, qr, d, f, out, packed_chunk,
-                                                        k_next);
+                                                        k_ahead);
                             break;
                     }
                 }
@@ -582,19 +569,19 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                     switch (std::min(row_block, rows - r0)) {
                         case 4:
                             packed_scores_of<V, 4>(k_source_type, k_group, k_source_size, qr, d, out,
-                                                   packed_chunk, k_next);
+                                                   packed_chunk, k_once ? 0 : k_ahead);
                             break;
                         case 3:
                             packed_scores_of<V, 3>(k_source_type, k_group, k_source_size, qr, d, out,
-                                                   packed_chunk, k_next);
+                                                   packed_chunk, k_once ? 0 : k_ahead);
                             break;
                         case 2:
                             packed_scores_of<V, 2>(k_source_type, k_group, k_source_size, qr, d, out,
-                                                   packed_chunk, k_next);
+                                                   packed_chunk, k_once ? 0 : k_ahead);
                             break;
                         default:
                             packed_scores_of<V, 1>(k_source_type, k_group, k_source_size, qr, d, out,
-                                                   packed_chunk, k_next);
+                                                   packed_chunk, k_once ? 0 : k_ahead);
                             break;
                     }
                 }
@@ -698,7 +685,7 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                                            correction + r0,
                                            acc + r0 * d,
                                            d,
-                                           &v_next };
+                                           v_once ? 0 : v_ahead };
             switch (n) {
                 case 4: packed_values_of<V, 4>(job); break;
                 case 3: packed_values_of<V, 3>(job); break;
