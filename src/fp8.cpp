@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstring>
 
 namespace pagedattn {
 namespace detail {
@@ -202,10 +203,18 @@ void convert_row_from_f32(const float *src, int64_t n, float scale, data_type dt
             for (int64_t i = 0; i < n; ++i)
                 static_cast<uint8_t *>(dst)[i] = encode_e5m2(src[i] / scale);
             break;
-        default:
+        // One loop per type rather than store_from_f32's switch per element: this converts every
+        // attention output row.
+        case data_type::bf16:
             for (int64_t i = 0; i < n; ++i)
-                store_from_f32(dst, dt, i, src[i]);
+                static_cast<uint16_t *>(dst)[i] = f32_to_bf16(src[i]);
             break;
+        case data_type::f16:
+            for (int64_t i = 0; i < n; ++i)
+                static_cast<uint16_t *>(dst)[i] = f32_to_f16(src[i]);
+            break;
+        case data_type::f32: std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float)); break;
+        default: break;
     }
 }
 
