@@ -454,6 +454,22 @@ template <typename V, int N> void packed_values_of(const packed_values_rows &job
     }
 }
 
+// The type a chunk of FP8 or f16 K/V is decoded into when several passes read it: bf16 for FP8
+// (exact, and loaded with two integer ops), f32 for f16 (not exact in bf16).
+inline data_type decoded_type(data_type stored) {
+    return is_fp8(stored) ? data_type::bf16 : data_type::f32;
+}
+
+// Stores load_pair's output at element `index` of a decoded copy of type dt (bf16 or f32), in the
+// same pair order.
+template <typename V>
+void store_decoded(float *copy, data_type dt, dim index, typename V::reg first, typename V::reg second) {
+    if (dt == data_type::bf16)
+        V::store_pair_bf16(reinterpret_cast<uint16_t *>(copy) + index, first, second);
+    else
+        V::store_pair(copy + index, first, second);
+}
+
 // The packed layout: a chunk is one 16-token group of a block (block_size % 16 == 0).
 template <typename V>
 void run_item_packed(const paged_attention_problem &p, const paged_attention_arguments &a,
@@ -519,20 +535,21 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
 
         // Scores: rows x tokens, the tokens in lanes, one 16-token group at a time. When several
         // passes of rows read the chunk (prefill, verify, large GQA groups), FP8 and f16 keys are
-        // dequantized once into L1 (same element order, f32) rather than once per pass.
+        // decoded once into L1 (same element order) rather than once per pass: FP8 as bf16, which
+        // holds every FP8 value exactly and is the cheapest type to load, f16 as f32.
         const bool k_once = !V::pair_products && rows > row_block && k_type != data_type::f32 &&
                             k_type != data_type::bf16;
+        const data_type k_source_type = !k_once ? k_type : decoded_type(k_type);
         if (k_once) {
             for (dim i = 0; i < tokens * d; i += 2 * width) {
                 R first, second;
                 V::load_pair(k_chunk + i * k_size, k_type, first, second);
                 prefetch_ahead(k_chunk + i * k_size, k_ahead);
-                V::store_pair(k_decoded + i, first, second);
+                store_decoded<V>(k_decoded, k_source_type, i, first, second);
             }
         }
         const char *k_source = k_once ? reinterpret_cast<const char *>(k_decoded) : k_chunk;
-        const data_type k_source_type = k_once ? data_type::f32 : k_type;
-        const dim k_source_size = k_once ? dim(sizeof(float)) : k_size;
+        const dim k_source_size = static_cast<dim>(data_type_size(k_source_type));
         if constexpr (V::pair_products) {
             for (dim r0 = 0; r0 < rows; r0 += row_block) {
                 const uint32_t *qr = q_pairs + r0 * (d / 2);
@@ -646,9 +663,10 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         // Rows per pass: every V element decoded once per pass serves them all (4: a GQA group of
         // 4 q heads in decode reads each V element once).
         constexpr dim value_rows = 4;
-        // With several passes, FP8 and f16 values are dequantized once into L1: the pairs of this
-        // chunk for every dims group, at the element positions of a 64-token block.
+        // With several passes, FP8 and f16 values are decoded once into L1 as the keys are: the pairs
+        // of this chunk for every dims group, at the element positions of a 64-token block.
         const bool v_once = rows > value_rows && v_type != data_type::f32 && v_type != data_type::bf16;
+        const data_type v_source_type = v_once ? decoded_type(v_type) : v_type;
         if (v_once) {
             for (dim dims_group = 0; dims_group < d / 16; ++dims_group)
                 for (dim pair = first_pair; pair < end_pair; ++pair)
@@ -657,8 +675,8 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                         V::load_pair(v_region + (dims_group * 16 * bs + (offset0 / 2 + pair) * 32 + sub * 2) *
                                                         v_size,
                                      v_type, first, second);
-                        V::store_pair(v_decoded + dims_group * 16 * packed_chunk + pair * 32 + sub * 2, first,
-                                      second);
+                        store_decoded<V>(v_decoded, v_source_type,
+                                         dims_group * 16 * packed_chunk + pair * 32 + sub * 2, first, second);
                     }
         }
         for (dim r0 = 0; r0 < rows; r0 += value_rows) {
@@ -669,10 +687,10 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                 common_begin = std::max(common_begin, vr.begin);
                 common_end = std::min(common_end, vr.end);
             }
-            // The values as stored, or their copy decoded into L1 (f32, laid out as a 64-token block).
+            // The values as stored, or their copy decoded into L1 (laid out as a 64-token block).
             const packed_values_rows job { v_once ? reinterpret_cast<const char *>(v_decoded) : v_region,
-                                           v_once ? data_type::f32 : v_type,
-                                           v_once ? dim(sizeof(float)) : v_size,
+                                           v_source_type,
+                                           static_cast<dim>(data_type_size(v_source_type)),
                                            v_once ? packed_chunk : bs,
                                            v_once ? 0 : offset0,
                                            c0,

@@ -136,6 +136,13 @@ struct avx512_f32 {
         _mm512_storeu_ps(p + 16,
                          _mm512_permutex2var_ps(first, _mm512_add_epi32(low, _mm512_set1_epi32(8)), second));
     }
+    /// The inverse of load_pair for bf16, for values exact in bf16 (their low 16 bits zero).
+    static void store_pair_bf16(uint16_t *p, reg first, reg second) {
+        _mm512_storeu_si512(
+                p, _mm512_or_si512(_mm512_srli_epi32(_mm512_castps_si512(first), 16),
+                                   _mm512_and_si512(_mm512_castps_si512(second),
+                                                    _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)))));
+    }
     using mask = __mmask16;
     static reg iota() { return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
     /// Lanes with lo <= x < hi.
@@ -261,6 +268,14 @@ struct avx2_f32 {
         const __m256 low = _mm256_unpacklo_ps(first, second), high = _mm256_unpackhi_ps(first, second);
         _mm256_storeu_ps(p, _mm256_permute2f128_ps(low, high, 0x20));
         _mm256_storeu_ps(p + 8, _mm256_permute2f128_ps(low, high, 0x31));
+    }
+    /// The inverse of load_pair for bf16, for values exact in bf16 (their low 16 bits zero).
+    static void store_pair_bf16(uint16_t *p, reg first, reg second) {
+        _mm256_storeu_si256(
+                reinterpret_cast<__m256i *>(p),
+                _mm256_or_si256(_mm256_srli_epi32(_mm256_castps_si256(first), 16),
+                                _mm256_and_si256(_mm256_castps_si256(second),
+                                                 _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)))));
     }
     using mask = __m256;
     static reg iota() { return _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7); }
