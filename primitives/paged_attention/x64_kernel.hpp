@@ -3,7 +3,8 @@
 // every input type (so it meets fpmath_mode::strict), both cache layouts.
 //
 // Per work item (sequence, kv head, query tile) it walks the item's KV range through the block
-// table in chunks of 16 tokens; the q heads of the kv head and the query tokens of the tile are the
+// table in chunks (16 tokens in the plain layout; 64 in the packed one, four 16-token groups that
+// may come from different blocks); the q heads of the kv head and the query tokens of the tile are the
 // rows of the item (GQA: each K/V element loaded serves all of them). Scores get the per-token K
 // scale, soft-cap and ALiBi; an online softmax in f32 rescales the accumulators once per chunk.
 // Per-tensor and per-head K scales are folded into q, V scales into the output, per-token V scales
@@ -11,7 +12,8 @@
 //   plain:  each K row is dequantized once into L1 and dotted with every row; each V row likewise.
 //   packed: tokens sit in vector lanes (K rows of 16 tokens x a dim pair, V rows of 16 dims x a
 //           token pair), so FP8/bf16 are dequantized in registers right before the FMAs and scores
-//           need no horizontal sums.
+//           need no horizontal sums. The instantiation of avx512_bf16.cpp computes the scores by
+//           bf16 pair products instead (vdpbf16ps).
 #pragma once
 
 #include <algorithm>
@@ -44,7 +46,7 @@ namespace x64 {
 namespace PAGEDATTN_X64_ISA {
 
 constexpr dim chunk = 16;        // plain layout: tokens per online-softmax step
-constexpr dim packed_chunk = 64; // packed layout: up to 4 groups of 16 tokens of one block
+constexpr dim packed_chunk = 64; // packed layout: up to 4 groups of 16 tokens, from one block or several
 
 template <typename V> std::string decline(const paged_attention_problem &p, const primitive_attr &) {
     if (p.head_size % V::width != 0) {
@@ -316,18 +318,24 @@ void packed_pair_scores(const char *k_group, dim k_size, const uint32_t *q_pairs
         V::store(out + r * out_stride, V::mul(s[r], V::set1(factor)));
 }
 
-// One block of rows' share of a packed V group: acc = acc * correction + probabilities x V.
+constexpr int max_chunk_groups = packed_chunk / 16;
+
+// One block of rows' share of a packed V chunk: acc = acc * correction + probabilities x V. The
+// chunk's 16-token groups may lie in different blocks (small block sizes): group g's values start
+// at group[g] (its first token pair, dims 0..15), and the groups of 16 dims are dims_group_stride
+// bytes apart.
 struct packed_values_rows {
-    const char *v_region;
+    const char *group[max_chunk_groups];
+    dim ahead[max_chunk_groups]; // bytes from group g's values to the next chunk's group g
+    dim dims_group_stride;
     data_type v_type;
-    dim v_size, block_size, offset0, g0, first_pair, end_pair;
+    dim v_size, g0, first_pair, end_pair;
     dim common_begin, common_end; // tokens every row of the block sees
     const float *probability;     // rows x prob_stride
     dim prob_stride;
     const float *correction;
     float *acc; // rows x d
     dim d;
-    dim ahead; // bytes from a V element of this chunk to its counterpart in the next chunk
 };
 
 // Pairs every row sees take the fast path; at range edges a token a row does not see is skipped
@@ -339,10 +347,9 @@ void packed_values_slice(const packed_values_rows &job, dim v0) {
     using R = typename V::reg;
     constexpr int width = V::width;
     auto row_of = [&](int i, dim pair) { // the V row holding vector v0 + i for a token pair
-        const dim dv = v0 + i;
-        return job.v_region + ((dv * width / 16) * 16 * job.block_size + (job.offset0 / 2 + pair) * 32 +
-                               (dv * width % 16) * 2) *
-                                      job.v_size;
+        const dim dv = (v0 + i) * width;
+        return job.group[pair / 8] + (dv / 16) * job.dims_group_stride +
+               ((pair % 8) * 32 + dv % 16 * 2) * job.v_size;
     };
     R out[N][S];
     for (int r = 0; r < N; ++r)
@@ -354,18 +361,27 @@ void packed_values_slice(const packed_values_rows &job, dim v0) {
     const dim fast_end = std::max(fast_begin, std::min(job.end_pair, (job.common_end - job.g0) / 2));
     // The S vectors of a token pair are decoded first, then each row's two probabilities are
     // broadcast once: N x S accumulators + 2 x S values + 2 broadcasts stay in registers.
-    for (dim pair = fast_begin; pair < fast_end; ++pair) {
-        R first[S], second[S];
+    // One 16-token group (8 pairs) at a time, its rows walked by a step of one token pair.
+    for (dim group_begin = fast_begin; group_begin < fast_end;) {
+        const dim group_end = std::min(fast_end, (group_begin / 8 + 1) * 8);
+        const char *rows[S];
         for (int i = 0; i < S; ++i)
-            V::load_pair(row_of(i, pair), v_type, first[i], second[i]);
-        for (int i = 0; i < S; ++i)
-            prefetch_ahead(row_of(i, pair), job.ahead);
-        for (int r = 0; r < N; ++r) {
-            const R w0 = V::set1(job.probability[r * job.prob_stride + 2 * pair]);
-            const R w1 = V::set1(job.probability[r * job.prob_stride + 2 * pair + 1]);
+            rows[i] = row_of(i, group_begin);
+        const dim ahead = job.ahead[group_begin / 8], step = 32 * job.v_size;
+        for (dim pair = group_begin; pair < group_end; ++pair) {
+            R first[S], second[S];
             for (int i = 0; i < S; ++i)
-                out[r][i] = V::fma(w0, first[i], V::fma(w1, second[i], out[r][i]));
+                V::load_pair(rows[i] + (pair - group_begin) * step, v_type, first[i], second[i]);
+            for (int i = 0; i < S; ++i)
+                prefetch_ahead(rows[i] + (pair - group_begin) * step, ahead);
+            for (int r = 0; r < N; ++r) {
+                const R w0 = V::set1(job.probability[r * job.prob_stride + 2 * pair]);
+                const R w1 = V::set1(job.probability[r * job.prob_stride + 2 * pair + 1]);
+                for (int i = 0; i < S; ++i)
+                    out[r][i] = V::fma(w0, first[i], V::fma(w1, second[i], out[r][i]));
+            }
         }
+        group_begin = group_end;
     }
     for (dim pair = job.first_pair; pair < job.end_pair; ++pair) {
         if (pair == fast_begin) pair = fast_end;
@@ -470,7 +486,9 @@ void store_decoded(float *copy, data_type dt, dim index, typename V::reg first, 
         V::store_pair(copy + index, first, second);
 }
 
-// The packed layout: a chunk is one 16-token group of a block (block_size % 16 == 0).
+// The packed layout (block_size % 16 == 0): chunks of up to four 16-token groups, each found through
+// the block table, so that small blocks (16, vLLM's default) get the same long inner loops as
+// large ones.
 template <typename V>
 void run_item_packed(const paged_attention_problem &p, const paged_attention_arguments &a,
                      const work_item &item, float *scratch, float *partial) {
@@ -508,29 +526,41 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
             q[i] /= packed_load_unit(k_type);
     const float out_factor = info.out_factor / packed_load_unit(v_type);
 
+    // Where a chunk's 16-token groups lie, each through the block table: with small block sizes a
+    // chunk spans several blocks.
+    struct chunk_groups {
+        dim count = 0;
+        const char *k[max_chunk_groups], *v[max_chunk_groups];
+        dim scale[max_chunk_groups]; // index of the group's first per-token scale
+    };
+    auto groups_of = [&](dim c0, dim c1) {
+        chunk_groups cg;
+        cg.count = (c1 - c0) / 16;
+        for (dim g = 0; g < cg.count; ++g) {
+            const dim t = c0 + 16 * g, offset = t % bs;
+            const dim block = a.block_table[item.seq * a.block_table_stride + t / bs];
+            cg.k[g] = static_cast<const char *>(a.k_cache) +
+                      (k_view.region(block, item.kv_head) + offset * d) * k_size;
+            cg.v[g] = static_cast<const char *>(a.v_cache) +
+                      (v_view.region(block, item.kv_head) + offset / 2 * 32) * v_size;
+            cg.scale[g] = (block * p.kv_heads + item.kv_head) * bs + offset;
+        }
+        return cg;
+    };
+    const dim kv_end16 = (item.kv_end + 15) / 16 * 16;
+
     for (dim c0 = item.kv_begin / 16 * 16; c0 < item.kv_end;) {
-        const dim logical_block = c0 / bs, offset0 = c0 - logical_block * bs;
-        const dim c1 =
-                std::min({ (logical_block + 1) * bs, c0 + packed_chunk, (item.kv_end + 15) / 16 * 16 });
+        const dim c1 = std::min(c0 + packed_chunk, kv_end16);
         const dim tokens = c1 - c0; // a multiple of 16
-        const dim block = a.block_table[item.seq * a.block_table_stride + logical_block];
-        const char *k_chunk = static_cast<const char *>(a.k_cache) +
-                              (k_view.region(block, item.kv_head) + offset0 * d) * k_size;
-        const char *v_region =
-                static_cast<const char *>(a.v_cache) + v_view.region(block, item.kv_head) * v_size;
-        const dim scale_base = (block * p.kv_heads + item.kv_head) * bs + offset0;
-        dim k_ahead = 0, v_ahead = 0; // from this chunk's K and V to the next one's
+        const chunk_groups chunk = groups_of(c0, c1);
+        // From each group's K and V to the next chunk's group at the same position (0: none).
+        dim k_ahead[max_chunk_groups] = {}, v_ahead[max_chunk_groups] = {};
         if (c1 < item.kv_end) {
-            const dim next_logical = c1 / bs, next_offset = c1 % bs;
-            const dim next_block = next_logical == logical_block
-                                           ? block
-                                           : a.block_table[item.seq * a.block_table_stride + next_logical];
-            k_ahead = ((k_view.region(next_block, item.kv_head) + next_offset * d) -
-                       (k_view.region(block, item.kv_head) + offset0 * d)) *
-                      k_size;
-            v_ahead = ((v_view.region(next_block, item.kv_head) + next_offset / 2 * 32) -
-                       (v_view.region(block, item.kv_head) + offset0 / 2 * 32)) *
-                      v_size;
+            const chunk_groups next = groups_of(c1, std::min(c1 + packed_chunk, kv_end16));
+            for (dim g = 0; g < std::min(chunk.count, next.count); ++g) {
+                k_ahead[g] = next.k[g] - chunk.k[g];
+                v_ahead[g] = next.v[g] - chunk.v[g];
+            }
         }
 
         // Scores: rows x tokens, the tokens in lanes, one 16-token group at a time. When several
@@ -541,38 +571,42 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                             k_type != data_type::bf16;
         const data_type k_source_type = !k_once ? k_type : decoded_type(k_type);
         if (k_once) {
-            for (dim i = 0; i < tokens * d; i += 2 * width) {
-                R first, second;
-                V::load_pair(k_chunk + i * k_size, k_type, first, second);
-                prefetch_ahead(k_chunk + i * k_size, k_ahead);
-                store_decoded<V>(k_decoded, k_source_type, i, first, second);
-            }
+            for (dim g = 0; g < chunk.count; ++g)
+                for (dim i = 0; i < 16 * d; i += 2 * width) {
+                    R first, second;
+                    V::load_pair(chunk.k[g] + i * k_size, k_type, first, second);
+                    prefetch_ahead(chunk.k[g] + i * k_size, k_ahead[g]);
+                    store_decoded<V>(k_decoded, k_source_type, g * 16 * d + i, first, second);
+                }
         }
-        const char *k_source = k_once ? reinterpret_cast<const char *>(k_decoded) : k_chunk;
         const dim k_source_size = static_cast<dim>(data_type_size(k_source_type));
+        auto k_group_of = [&](dim g) { // the group's keys, as stored or decoded
+            return k_once ? reinterpret_cast<const char *>(k_decoded) + g * 16 * d * k_source_size
+                          : chunk.k[g];
+        };
         if constexpr (V::pair_products) {
             for (dim r0 = 0; r0 < rows; r0 += row_block) {
                 const uint32_t *qr = q_pairs + r0 * (d / 2);
                 for (dim g = 0; g < tokens / 16; ++g) {
-                    const char *k_group = k_chunk + g * 16 * d * k_size;
+                    const char *k_group = chunk.k[g];
                     float *out = probability + r0 * packed_chunk + g * 16;
                     const float f = info.q_factor;
                     switch (std::min(row_block, rows - r0)) {
                         case 4:
                             packed_pair_scores_of<V, 4>(k_type, k_group, k_size, qr, d, f, out, packed_chunk,
-                                                        k_ahead);
+                                                        k_ahead[g]);
                             break;
                         case 3:
                             packed_pair_scores_of<V, 3>(k_type, k_group, k_size, qr, d, f, out, packed_chunk,
-                                                        k_ahead);
+                                                        k_ahead[g]);
                             break;
                         case 2:
                             packed_pair_scores_of<V, 2>(k_type, k_group, k_size, qr, d, f, out, packed_chunk,
-                                                        k_ahead);
+                                                        k_ahead[g]);
                             break;
                         default:
                             packed_pair_scores_of<V, 1>(k_type, k_group, k_size, qr, d, f, out, packed_chunk,
-                                                        k_ahead);
+                                                        k_ahead[g]);
                             break;
                     }
                 }
@@ -581,24 +615,24 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
             for (dim r0 = 0; r0 < rows; r0 += row_block) {
                 const float *qr = q + r0 * d;
                 for (dim g = 0; g < tokens / 16; ++g) {
-                    const char *k_group = k_source + g * 16 * d * k_source_size;
+                    const char *k_group = k_group_of(g);
                     float *out = probability + r0 * packed_chunk + g * 16;
                     switch (std::min(row_block, rows - r0)) {
                         case 4:
                             packed_scores_of<V, 4>(k_source_type, k_group, k_source_size, qr, d, out,
-                                                   packed_chunk, k_once ? 0 : k_ahead);
+                                                   packed_chunk, k_once ? 0 : k_ahead[g]);
                             break;
                         case 3:
                             packed_scores_of<V, 3>(k_source_type, k_group, k_source_size, qr, d, out,
-                                                   packed_chunk, k_once ? 0 : k_ahead);
+                                                   packed_chunk, k_once ? 0 : k_ahead[g]);
                             break;
                         case 2:
                             packed_scores_of<V, 2>(k_source_type, k_group, k_source_size, qr, d, out,
-                                                   packed_chunk, k_once ? 0 : k_ahead);
+                                                   packed_chunk, k_once ? 0 : k_ahead[g]);
                             break;
                         default:
                             packed_scores_of<V, 1>(k_source_type, k_group, k_source_size, qr, d, out,
-                                                   packed_chunk, k_once ? 0 : k_ahead);
+                                                   packed_chunk, k_once ? 0 : k_ahead[g]);
                             break;
                     }
                 }
@@ -623,7 +657,8 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                     hi = V::set1(static_cast<float>(visible.end));
             if (info.k_per_token)
                 for (dim v = 0; v < tokens; v += width)
-                    V::store(pr + v, V::mul(V::load(pr + v), V::load(a.k_scales + scale_base + v)));
+                    V::store(pr + v,
+                             V::mul(V::load(pr + v), V::load(a.k_scales + chunk.scale[v / 16] + v % 16)));
             if (o.soft_cap > 0.f)
                 for (dim j = 0; j < tokens; ++j)
                     pr[j] = o.soft_cap * std::tanh(pr[j] / o.soft_cap);
@@ -650,7 +685,8 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                 sum = V::add(sum, V::select(visible_lanes, weight, V::zero()));
                 // Per-token V scales weigh the values, not the softmax denominator. Masked lanes
                 // become exact zeros (their scales may be unwritten).
-                if (info.v_per_token) weight = V::mul(weight, V::load(a.v_scales + scale_base + v));
+                if (info.v_per_token)
+                    weight = V::mul(weight, V::load(a.v_scales + chunk.scale[v / 16] + v % 16));
                 V::store(pr + v, V::select(visible_lanes, weight, V::zero()));
             }
             row_sum[r] += V::reduce_add(sum);
@@ -672,8 +708,8 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                 for (dim pair = first_pair; pair < end_pair; ++pair)
                     for (dim sub = 0; sub < 16; sub += width) {
                         R first, second;
-                        V::load_pair(v_region + (dims_group * 16 * bs + (offset0 / 2 + pair) * 32 + sub * 2) *
-                                                        v_size,
+                        V::load_pair(chunk.v[pair / 8] +
+                                             (dims_group * 16 * bs + (pair % 8) * 32 + sub * 2) * v_size,
                                      v_type, first, second);
                         store_decoded<V>(v_decoded, v_source_type,
                                          dims_group * 16 * packed_chunk + pair * 32 + sub * 2, first, second);
@@ -688,22 +724,26 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                 common_end = std::min(common_end, vr.end);
             }
             // The values as stored, or their copy decoded into L1 (laid out as a 64-token block).
-            const packed_values_rows job { v_once ? reinterpret_cast<const char *>(v_decoded) : v_region,
-                                           v_source_type,
-                                           static_cast<dim>(data_type_size(v_source_type)),
-                                           v_once ? packed_chunk : bs,
-                                           v_once ? 0 : offset0,
-                                           c0,
-                                           first_pair,
-                                           end_pair,
-                                           common_begin,
-                                           common_end,
-                                           probability + r0 * packed_chunk,
-                                           packed_chunk,
-                                           correction + r0,
-                                           acc + r0 * d,
-                                           d,
-                                           v_once ? 0 : v_ahead };
+            packed_values_rows job;
+            const dim source_size = static_cast<dim>(data_type_size(v_source_type));
+            for (dim g = 0; g < chunk.count; ++g) {
+                job.group[g] = v_once ? reinterpret_cast<const char *>(v_decoded) + g * 8 * 32 * source_size
+                                      : chunk.v[g];
+                job.ahead[g] = v_once ? 0 : v_ahead[g];
+            }
+            job.dims_group_stride = 16 * (v_once ? packed_chunk : bs) * source_size;
+            job.v_type = v_source_type;
+            job.v_size = source_size;
+            job.g0 = c0;
+            job.first_pair = first_pair;
+            job.end_pair = end_pair;
+            job.common_begin = common_begin;
+            job.common_end = common_end;
+            job.probability = probability + r0 * packed_chunk;
+            job.prob_stride = packed_chunk;
+            job.correction = correction + r0;
+            job.acc = acc + r0 * d;
+            job.d = d;
             switch (n) {
                 case 4: packed_values_of<V, 4>(job); break;
                 case 3: packed_values_of<V, 3>(job); break;
