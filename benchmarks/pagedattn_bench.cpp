@@ -279,17 +279,21 @@ void time_alternating(config &cfg, const std::string &kind, std::vector<attentio
 void run_attention(config &cfg) {
     const data_type types[] = { data_type::bf16, data_type::f8_e4m3, data_type::f8_e5m2 };
     if (cfg.wants("decode")) {
-        for (long batch : { 1L, 8L })
-            for (long context : { 128L, 512L, 2048L, 8192L, 32768L })
-                for (long block_size : { 128L, 16L }) {
-                    if (block_size == 16 && context != 8192) continue; // 16 is reported beside, at one size
-                    if (cfg.context && context != cfg.context) continue;
-                    std::vector<attention_case> cases;
-                    cases.reserve(3);
+        // 1 and 8 sequences of one context alternate too: their GB/s are compared.
+        for (long context : { 128L, 512L, 2048L, 8192L, 32768L })
+            for (long block_size : { 128L, 16L }) {
+                if (block_size == 16 && context != 8192) continue; // 16 is reported beside, at one size
+                if (cfg.context && context != cfg.context) continue;
+                std::vector<attention_case> cases;
+                cases.reserve(6);
+                for (long batch : { 1L, 8L })
                     for (data_type dt : types)
                         cases.emplace_back(batch, 1, context, block_size, dt, true);
-                    time_alternating(cfg, "decode", { &cases[0], &cases[1], &cases[2] }, 2, true);
-                }
+                std::vector<attention_case *> pointers;
+                for (attention_case &c : cases)
+                    pointers.push_back(&c);
+                time_alternating(cfg, "decode", pointers, 2, true);
+            }
         std::vector<attention_case> cases;
         cases.reserve(2);
         cases.emplace_back(1, 1, 8192, 128, data_type::bf16, true);

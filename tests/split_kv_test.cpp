@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <new>
 
+#include <tbb/task_arena.h>
+
 #include "test_util.hpp"
 
 // Counts every allocation through operator new of the whole test binary. (GCC flags the free of a
@@ -104,6 +106,30 @@ attn_case small_case() {
     attn_case c = make_case("plan", 8, 2, 64, 16, { { 1, 900 }, { 5, 40 } }, format::bf16, format::e4m3,
                             cache_layout::hnd);
     return c.scales(scales::per_token, scales::per_token);
+}
+
+// Without forced splits the plan splits long KV ranges when the calling arena's threads would get
+// fewer than 8 work items each (a thread slowed by other work then leaves the rest idle): 4 items
+// on 2 threads are split, on 1 thread nothing is, and 64 items on 2 threads are not split either.
+TEST(plan, splits_when_threads_get_few_items) {
+    const attn_setup s = build_setup(small_case()); // 2 sequences x 2 kv heads, one of 900 tokens
+    pa::paged_attention::primitive_desc pd(engine(), s.desc(), s.attr());
+    auto split_items_in_arena = [&](int threads, const attn_setup &setup) {
+        long split = -1;
+        tbb::task_arena(threads).execute([&] {
+            split = pa::paged_attention::plan(pd, seq_lens_of(setup), starts_of(setup)).split_items();
+        });
+        return split;
+    };
+    EXPECT_GT(split_items_in_arena(2, s), 0) << "4 items on 2 threads";
+    EXPECT_EQ(split_items_in_arena(1, s), 0) << "one thread";
+    attn_setup many = s; // 32 decode sequences of 900 tokens: 64 items
+    many.b.num_seqs = 32;
+    many.b.seq_lens.assign(32, 900);
+    many.b.query_start_loc.clear();
+    for (int i = 0; i <= 32; ++i)
+        many.b.query_start_loc.push_back(i);
+    EXPECT_EQ(split_items_in_arena(2, many), 0) << "64 items on 2 threads";
 }
 
 TEST(plan, rejects_another_step) {

@@ -69,8 +69,8 @@ public:
     /// step from its seq lens and query start loc, then passed to every layer's execute as ARG_PLAN
     /// so that execute does no planning (and, with a user scratchpad, allocates nothing). It carries
     /// a fingerprint of the problem and the step it was built from; execute rejects a mismatch. It
-    /// balances the work for the calling arena's concurrency: when there are fewer work items than
-    /// threads (few long sequences) it splits KV ranges, merged afterwards with log-sum-exp.
+    /// balances the work for the calling arena's concurrency: when there are fewer than 8 work items
+    /// per thread (few long sequences) it splits KV ranges, merged afterwards with log-sum-exp.
     class plan {
     public:
         plan() = default;

@@ -7,6 +7,9 @@ namespace detail {
 
 namespace {
 constexpr dim min_split_tokens = 256; // shorter KV pieces cost more to merge than they save
+// Work items wanted per thread before long ranges are split: with only one or two per thread, a
+// thread slowed down (a shared machine, another process) leaves the others idle at the end.
+constexpr dim items_per_thread = 8;
 
 uint64_t mix(uint64_t hash, uint64_t value) {
     for (int i = 0; i < 8; ++i) { // FNV-1a over the value's bytes
@@ -57,10 +60,10 @@ void build_plan(const paged_attention_problem &p, dim num_seqs, const int32_t *s
         }
     }
 
-    const bool few_items = threads > 1 && static_cast<dim>(out.items.size()) < 2 * threads;
+    const bool few_items = threads > 1 && static_cast<dim>(out.items.size()) < items_per_thread * threads;
     if (forced_kv_splits == 1 || (forced_kv_splits <= 0 && !few_items) || total_kv == 0) return;
     const size_t unsplit = out.items.size();
-    const dim target_items = 2 * static_cast<dim>(threads);
+    const dim target_items = items_per_thread * static_cast<dim>(threads);
     for (size_t i = 0; i < unsplit; ++i) {
         const work_item item = out.items[i];
         const dim length = item.kv_end - item.kv_begin;

@@ -57,7 +57,7 @@ inline int32_t max_partials(int threads) {
 uint64_t plan_fingerprint(const paged_attention_problem &p, dim num_seqs, const int32_t *seq_lens,
                           const int32_t *query_start_loc, int forced_kv_splits);
 
-/// Fills `out` (reusing its capacity). Splits KV ranges when there are fewer items than 2x
+/// Fills `out` (reusing its capacity). Splits KV ranges when there are fewer items than 8x
 /// `threads`, or into exactly `forced_kv_splits` parts when that is > 0 (1: no split); never more than
 /// `partial_limit` partials. Inputs must be valid (checked by the caller).
 void build_plan(const paged_attention_problem &p, dim num_seqs, const int32_t *seq_lens,
