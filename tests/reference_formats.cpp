@@ -9,11 +9,11 @@ namespace {
 
 struct fp8_definition {
     int exponent_bits, mantissa_bits, bias;
-    bool ieee_special;  // e5m2: top exponent = inf/NaN; e4m3fn: only S.1111.111 is NaN
+    bool ieee_special; // e5m2: top exponent = inf/NaN; e4m3fn: only S.1111.111 is NaN
 };
 
 fp8_definition definition(format f) {
-    return f == format::e4m3 ? fp8_definition {4, 3, 7, false} : fp8_definition {5, 2, 15, true};
+    return f == format::e4m3 ? fp8_definition { 4, 3, 7, false } : fp8_definition { 5, 2, 15, true };
 }
 
 // Nearest of two candidates, ties to the one whose code is even.
@@ -44,7 +44,9 @@ double decode_fp8(format f, uint8_t code) {
     return sign ? -v : v;
 }
 
-double fp8_max(format f) { return f == format::e4m3 ? 448.0 : 57344.0; }
+double fp8_max(format f) {
+    return f == format::e4m3 ? 448.0 : 57344.0;
+}
 
 uint8_t encode_fp8_slow(format f, double x) {
     const bool negative = std::signbit(x);
@@ -55,7 +57,7 @@ uint8_t encode_fp8_slow(format f, double x) {
     for (int c = 0; c < 128; ++c) {
         const double v = decode_fp8(f, static_cast<uint8_t>(c));
         if (!std::isfinite(v)) continue;
-        if (a >= fp8_max(f)) {  // saturate
+        if (a >= fp8_max(f)) { // saturate
             if (v == fp8_max(f)) best = c;
             continue;
         }
@@ -70,18 +72,24 @@ uint8_t encode_fp8_slow(format f, double x) {
 double bf16_to_double(uint16_t bits) {
     const int sign = bits >> 15, e = (bits >> 7) & 0xFF, m = bits & 0x7F;
     double v;
-    if (e == 0xFF) v = m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
-    else if (e == 0) v = m * std::pow(2.0, -133);
-    else v = (1.0 + m / 128.0) * std::pow(2.0, e - 127);
+    if (e == 0xFF)
+        v = m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+    else if (e == 0)
+        v = m * std::pow(2.0, -133);
+    else
+        v = (1.0 + m / 128.0) * std::pow(2.0, e - 127);
     return sign ? -v : v;
 }
 
 double f16_to_double(uint16_t bits) {
     const int sign = bits >> 15, e = (bits >> 10) & 0x1F, m = bits & 0x3FF;
     double v;
-    if (e == 0x1F) v = m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
-    else if (e == 0) v = m * std::pow(2.0, -24);
-    else v = (1.0 + m / 1024.0) * std::pow(2.0, e - 15);
+    if (e == 0x1F)
+        v = m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+    else if (e == 0)
+        v = m * std::pow(2.0, -24);
+    else
+        v = (1.0 + m / 1024.0) * std::pow(2.0, e - 15);
     return sign ? -v : v;
 }
 
@@ -94,25 +102,31 @@ uint16_t encode16(double x, Decode decode, uint16_t max_finite, uint16_t inf_cod
     if (std::isnan(x)) return static_cast<uint16_t>(sign | nan_code);
     const double a = std::fabs(x);
     const double top = decode(max_finite);
-    const double next = 2 * top - decode(static_cast<uint16_t>(max_finite - 1));  // the value past max
+    const double next = 2 * top - decode(static_cast<uint16_t>(max_finite - 1)); // the value past max
     if (a >= (top + next) / 2) {
         if (a == (top + next) / 2 && (max_finite & 1) == 0) return static_cast<uint16_t>(sign | max_finite);
         return static_cast<uint16_t>(sign | inf_code);
     }
-    uint16_t lo = 0, hi = max_finite;  // decode(lo) <= a <= decode(hi)
+    uint16_t lo = 0, hi = max_finite; // decode(lo) <= a <= decode(hi)
     if (a >= top) return static_cast<uint16_t>(sign | max_finite);
     while (hi - lo > 1) {
         const uint16_t mid = static_cast<uint16_t>((lo + hi) / 2);
-        if (decode(mid) <= a) lo = mid;
-        else hi = mid;
+        if (decode(mid) <= a)
+            lo = mid;
+        else
+            hi = mid;
     }
     const uint16_t pick = prefer(a, decode(lo), lo, decode(hi), hi) ? lo : hi;
     return static_cast<uint16_t>(sign | pick);
 }
 } // namespace
 
-uint16_t double_to_bf16(double x) { return encode16(x, bf16_to_double, 0x7F7F, 0x7F80, 0x7FC0); }
-uint16_t double_to_f16(double x) { return encode16(x, f16_to_double, 0x7BFF, 0x7C00, 0x7E00); }
+uint16_t double_to_bf16(double x) {
+    return encode16(x, bf16_to_double, 0x7F7F, 0x7F80, 0x7FC0);
+}
+uint16_t double_to_f16(double x) {
+    return encode16(x, f16_to_double, 0x7BFF, 0x7C00, 0x7E00);
+}
 
 double load(const void *base, format f, int64_t i) {
     switch (f) {
