@@ -3,17 +3,21 @@
 // ref:any for every input (the codec of src/fp8.hpp, vectorised bit-exactly):
 //   - the input row (f32/bf16/f16) is converted to f32 with vector loads into a stack buffer, its
 //     amax over the finite |x| taken on the way when the cache has per-token scales;
-//   - FP8: q = fp8(x / scale), a true f32 division, then an integer encoder on the f32 bits (normal
+//   - FP8: q = fp8(x / scale), a true f32 division, saturated to +-max (+-inf too), NaN to the
+//     canonical NaN with its sign. AVX-512 rounds with an integer encoder on the f32 bits (normal
 //     range: exponent rebias and round-to-nearest-even on the dropped mantissa bits, the carry moving
 //     into the exponent; subnormal range: exact scaling by a power of two, rounding to an integer in
-//     nearest-even mode), saturated to +-max (+-inf too), NaN to the canonical NaN with its sign;
+//     nearest-even mode); AVX2 with fewer operations by an FP addition that drops exactly the
+//     format's excess mantissa bits, then vcvtps2ph, exact there, into f16 bits that hold the code
+//     (codec<avx2_f32>::fp8_grid_f16), 32 values per store;
 //   - bf16: integer round-to-nearest-even, NaN quieted (bits >> 16 | 0x40); f16: vcvtps2ph in
 //     nearest-even mode, whose NaN (sign | 0x7E00 | payload >> 13) and overflow (>= 65520 to inf)
 //     match f32_to_f16; f32: stored as is, with a signalling NaN quieted like the reference's
 //     multiplication by the unit scale does.
 // Plain rows are stored with vector stores. For the packed layout, 16 tokens that fill a 16-token
-// group are encoded together and written in the layout's order; other tokens are encoded into a
-// small buffer and scattered with the offsets of src/cache_layout.hpp.
+// group are encoded together and written in the layout's order (K by a transpose in registers);
+// other tokens are encoded into a small buffer and scattered with the offsets of
+// src/cache_layout.hpp.
 #pragma once
 
 #include <algorithm>
@@ -51,6 +55,8 @@ template <bool is_e4m3> struct fp8_format {
     static constexpr float unit_scale = is_e4m3 ? 0x1p9f : 0x1p16f;
     // Subtracted from the f32 magnitude bits shifted right by `drop`: the exponent rebias.
     static constexpr int rebias = (127 - bias) << mantissa_bits;
+    // The largest finite value in the f16 domain of the AVX2 encoder (e4m3 times 2^-8).
+    static constexpr float max_f16_domain = is_e4m3 ? 448.f / 256.f : 57344.f;
 };
 
 // Per-ISA encoders over the f32 vector type; specialised below.
@@ -92,6 +98,12 @@ template <> struct codec<avx512_f32> {
     template <bool is_e4m3> static void store_fp8(void *dst, reg x) {
         _mm_storeu_si128(static_cast<__m128i *>(dst), _mm512_cvtepi32_epi8(fp8_codes<is_e4m3>(x)));
     }
+    /// FP8 codes of src[i] / scale for n values (n a multiple of 16).
+    template <bool is_e4m3> static void encode_fp8(const float *src, dim n, float scale, char *dst) {
+        const reg s = _mm512_set1_ps(scale);
+        for (dim i = 0; i < n; i += 16)
+            store_fp8<is_e4m3>(dst + i, div(_mm512_loadu_ps(src + i), s));
+    }
     static void store_bf16(void *dst, reg x) {
         const ireg b = bits(x);
         const ireg lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), set1i(1));
@@ -127,30 +139,77 @@ template <> struct codec<avx2_f32> {
         return _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(set1i(0x7F800000), m), m));
     }
     static ireg select(ireg mask, ireg a, ireg b) { return _mm256_blendv_epi8(b, a, mask); }
-    template <bool is_e4m3> static ireg fp8_codes(reg x) {
+    // The magnitude of y rounded onto the FP8 grid, as f16 bits. y is the value in the f16 domain
+    // (x / scale times 2^-8 for e4m3, whose codes then are the f16 bits >> 7; x / scale for e5m2,
+    // the top byte of f16). The rounding is the FP addition's own (to nearest even: MXCSR's
+    // default, which the division assumes too): adding c = 2^(E + 23 - mantissa_bits), E the
+    // exponent of |y| but at least the smallest normal's, keeps exactly the format's mantissa bits,
+    // subnormals included, and subtracting c is exact. The rounded value is exact in f16, so
+    // vcvtps2ph only changes the format. |y| is clamped at the largest finite value (+inf
+    // saturates); a NaN passes the min (its second operand) and the arithmetic as a NaN, whose f16
+    // code lies above the format's NaN code.
+    template <bool is_e4m3> static __m128i fp8_grid_f16(reg y) {
         using F = fp8_format<is_e4m3>;
-        const ireg magnitude = _mm256_and_si256(bits(x), set1i(0x7FFFFFFF));
-        const ireg sign = _mm256_and_si256(_mm256_srli_epi32(bits(x), 24), set1i(0x80));
-        const ireg lsb = _mm256_and_si256(_mm256_srli_epi32(magnitude, F::drop), set1i(1));
-        const ireg rounded =
-                _mm256_add_epi32(_mm256_add_epi32(magnitude, set1i((1 << (F::drop - 1)) - 1)), lsb);
-        const ireg normal = _mm256_sub_epi32(_mm256_srli_epi32(rounded, F::drop), set1i(F::rebias));
-        const reg units = _mm256_mul_ps(_mm256_castsi256_ps(magnitude), _mm256_set1_ps(F::unit_scale));
-        const ireg subnormal =
-                _mm256_cvttps_epi32(_mm256_round_ps(units, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        const ireg is_subnormal = _mm256_cmpgt_epi32(set1i(F::min_normal_biased << 23), magnitude);
-        ireg code = select(is_subnormal, subnormal, normal);
-        code = _mm256_min_epi32(code, set1i(F::max_code));
-        code = select(_mm256_cmpgt_epi32(magnitude, set1i(0x7F800000)), set1i(F::nan_code), code);
-        return _mm256_or_si256(code, sign);
+        const reg magnitude = _mm256_castsi256_ps(_mm256_and_si256(bits(y), set1i(0x7FFFFFFF)));
+        const reg clamped = _mm256_min_ps(_mm256_set1_ps(F::max_f16_domain), magnitude);
+        const ireg exponent = _mm256_max_epi32(_mm256_and_si256(bits(clamped), set1i(0x7F800000)),
+                                               set1i(0x38800000)); // 2^-14, f16's smallest normal
+        const reg c = _mm256_castsi256_ps(_mm256_add_epi32(exponent, set1i(F::drop << 23)));
+        const reg rounded = _mm256_sub_ps(_mm256_add_ps(clamped, c), c);
+        return _mm256_cvtps_ph(rounded, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    }
+    static ireg set1_byte(int x) { return _mm256_set1_epi8(static_cast<char>(x)); }
+    // The FP8 codes of y0..y3 (f16-domain values, see fp8_grid_f16), 32 bytes in order.
+    template <bool is_e4m3> static ireg fp8_codes(reg y0, reg y1, reg y2, reg y3) {
+        using F = fp8_format<is_e4m3>;
+        constexpr int shift = is_e4m3 ? 7 : 8;
+        const ireg low = _mm256_srli_epi16(
+                _mm256_set_m128i(fp8_grid_f16<is_e4m3>(y1), fp8_grid_f16<is_e4m3>(y0)), shift);
+        const ireg high = _mm256_srli_epi16(
+                _mm256_set_m128i(fp8_grid_f16<is_e4m3>(y3), fp8_grid_f16<is_e4m3>(y2)), shift);
+        // packus leaves the 64-bit quarters as y0 y2 y1 y3. Finite codes lie at or below the largest
+        // finite code, NaNs' f16 codes above the NaN code: the min makes them canonical.
+        const ireg magnitudes = _mm256_min_epu8(
+                _mm256_permute4x64_epi64(_mm256_packus_epi16(low, high), 0xD8), set1_byte(F::nan_code));
+        // Signed saturation keeps the signs through both packs, which leave 32-bit quarters as the
+        // low halves of y0 y1 y2 y3, then their high halves.
+        const ireg signs =
+                _mm256_permutevar8x32_epi32(_mm256_packs_epi16(_mm256_packs_epi32(bits(y0), bits(y1)),
+                                                               _mm256_packs_epi32(bits(y2), bits(y3))),
+                                            _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        return _mm256_or_si256(magnitudes, _mm256_and_si256(signs, set1_byte(0x80)));
+    }
+    /// FP8 codes of src[i] / scale for n values (n a multiple of 8), 32 at a time, the last 8 to 24
+    /// through zero vectors and a buffer.
+    template <bool is_e4m3> static void encode_fp8(const float *src, dim n, float scale, char *dst) {
+        // e4m3 divides by scale * 2^8 (exact) to land in the f16 domain: the quotient is the f32
+        // quotient times 2^-8 wherever an FP8 code depends on it (it is below 2^-118 elsewhere). A
+        // scale whose 2^8 multiple overflows divides by itself and multiplies after.
+        const float shifted = is_e4m3 ? scale * 256.f : scale;
+        const bool direct = shifted <= FLT_MAX;
+        const reg divisor = _mm256_set1_ps(direct ? shifted : scale);
+        const reg after = _mm256_set1_ps(1.f / 256.f);
+        auto quotient = [&](const float *p) {
+            const reg q = _mm256_div_ps(_mm256_loadu_ps(p), divisor);
+            return direct ? q : _mm256_mul_ps(q, after);
+        };
+        dim i = 0;
+        for (; i + 32 <= n; i += 32)
+            _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst + i),
+                                fp8_codes<is_e4m3>(quotient(src + i), quotient(src + i + 8),
+                                                   quotient(src + i + 16), quotient(src + i + 24)));
+        if (i == n) return;
+        const reg zero = _mm256_setzero_ps();
+        const dim rest = n - i;
+        alignas(32) unsigned char codes[32];
+        _mm256_store_si256(reinterpret_cast<__m256i *>(codes),
+                           fp8_codes<is_e4m3>(quotient(src + i), rest > 8 ? quotient(src + i + 8) : zero,
+                                              rest > 16 ? quotient(src + i + 16) : zero, zero));
+        std::memcpy(dst + i, codes, static_cast<size_t>(rest));
     }
     // The low 16 bits of each lane (values in [0, 65535]), as 8 packed 16-bit values.
     static __m128i narrow16(ireg x) {
         return _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
-    }
-    template <bool is_e4m3> static void store_fp8(void *dst, reg x) {
-        const __m128i words = narrow16(fp8_codes<is_e4m3>(x));
-        _mm_storel_epi64(static_cast<__m128i *>(dst), _mm_packus_epi16(words, words));
     }
     static void store_bf16(void *dst, reg x) {
         const ireg b = bits(x);
@@ -179,18 +238,8 @@ template <typename V> void encode_row(const float *src, dim n, float scale, data
     using C = codec<V>;
     char *out = static_cast<char *>(dst);
     switch (dt) {
-        case data_type::f8_e4m3: {
-            const typename V::reg s = V::set1(scale);
-            for (dim i = 0; i < n; i += V::width)
-                C::template store_fp8<true>(out + i, C::div(V::load(src + i), s));
-            break;
-        }
-        case data_type::f8_e5m2: {
-            const typename V::reg s = V::set1(scale);
-            for (dim i = 0; i < n; i += V::width)
-                C::template store_fp8<false>(out + i, C::div(V::load(src + i), s));
-            break;
-        }
+        case data_type::f8_e4m3: C::template encode_fp8<true>(src, n, scale, out); break;
+        case data_type::f8_e5m2: C::template encode_fp8<false>(src, n, scale, out); break;
         case data_type::bf16:
             for (dim i = 0; i < n; i += V::width)
                 C::store_bf16(out + 2 * i, V::load(src + i));
@@ -331,6 +380,63 @@ template <size_t es> void interleave_16(const unsigned char *a, const unsigned c
     }
 }
 
+// Transposes r[0..side-1] as a side x side matrix of elements of 16 / side bytes (8 x 8 of 16 bits,
+// 4 x 4 of 32): three, then two rounds of unpacks.
+template <int side> __attribute__((always_inline)) inline void transpose_square(__m128i *r) {
+    static_assert(side == 8 || side == 4, "8 x 8 of 16-bit or 4 x 4 of 32-bit elements");
+    __m128i t[side];
+    if constexpr (side == 8) {
+        for (int i = 0; i < 8; i += 2) {
+            t[i] = _mm_unpacklo_epi16(r[i], r[i + 1]);
+            t[i + 1] = _mm_unpackhi_epi16(r[i], r[i + 1]);
+        }
+        // t[0], t[2]: columns 0-3 of rows 0-1 and 2-3, as 32-bit pairs; t[1], t[3]: columns 4-7.
+        for (int half = 0; half < 8; half += 4)
+            for (int i = 0; i < 2; ++i) {
+                r[half + 2 * i] = _mm_unpacklo_epi32(t[half + i], t[half + i + 2]);
+                r[half + 2 * i + 1] = _mm_unpackhi_epi32(t[half + i], t[half + i + 2]);
+            }
+        // r[0..3]: columns (0,1), (2,3), (4,5), (6,7) of rows 0-3; r[4..7]: of rows 4-7.
+        for (int i = 0; i < 4; ++i) {
+            t[2 * i] = _mm_unpacklo_epi64(r[i], r[i + 4]);
+            t[2 * i + 1] = _mm_unpackhi_epi64(r[i], r[i + 4]);
+        }
+    } else {
+        const __m128i a = _mm_unpacklo_epi32(r[0], r[1]), b = _mm_unpackhi_epi32(r[0], r[1]);
+        const __m128i c = _mm_unpacklo_epi32(r[2], r[3]), d = _mm_unpackhi_epi32(r[2], r[3]);
+        t[0] = _mm_unpacklo_epi64(a, c), t[1] = _mm_unpackhi_epi64(a, c);
+        t[2] = _mm_unpacklo_epi64(b, d), t[3] = _mm_unpackhi_epi64(b, d);
+    }
+    for (int i = 0; i < side; ++i)
+        r[i] = t[i];
+}
+
+// The K rows of 16 tokens (side by side, n elements each) in the packed K order from dst on: per pair
+// of dims, the 16 tokens' pairs. A transpose of 16 x n / 2 pairs, in square blocks of 16-byte
+// registers for 1- and 2-byte elements; pairs left over (and 4-byte elements) are copied one by one.
+template <size_t es> void write_packed_k_group(const unsigned char *rows, dim n, char *dst) {
+    constexpr dim e = static_cast<dim>(es), pair_bytes = 2 * e;
+    constexpr int side = es <= 2 ? static_cast<int>(16 / pair_bytes) : 1; // pairs per register
+    dim p0 = 0;
+    if constexpr (side > 1) {
+        for (; p0 + side <= n / 2; p0 += side)
+            for (dim j0 = 0; j0 < packed_group; j0 += side) {
+                __m128i r[side];
+                for (int i = 0; i < side; ++i)
+                    r[i] = _mm_loadu_si128(
+                            reinterpret_cast<const __m128i *>(rows + ((j0 + i) * n + 2 * p0) * e));
+                transpose_square<side>(r);
+                for (int k = 0; k < side; ++k)
+                    _mm_storeu_si128(
+                            reinterpret_cast<__m128i *>(dst + ((p0 + k) * packed_group + j0) * pair_bytes),
+                            r[k]);
+            }
+    }
+    for (; p0 < n / 2; ++p0)
+        for (dim j = 0; j < packed_group; ++j)
+            std::memcpy(dst + (p0 * packed_group + j) * pair_bytes, rows + (j * n + 2 * p0) * e, 2 * es);
+}
+
 // The encoded rows of 16 tokens (side by side, n elements each) whose slots are one whole 16-token
 // group of a block, written in the packed order: the stores walk through the group's bytes in
 // address order (K: one region of 16 x n; V: one run of 16 x 16 per group of 16 dims).
@@ -339,10 +445,7 @@ void write_packed_group(const unsigned char *rows, dim n, bool is_value, dim off
                         char *region) {
     constexpr dim e = static_cast<dim>(es);
     if (!is_value) {
-        char *dst = region + packed_k_offset(offset0, 0, n) * e;
-        for (dim pair = 0; pair < n / 2; ++pair)
-            for (dim j = 0; j < packed_group; ++j, dst += 2 * e)
-                std::memcpy(dst, rows + (j * n + 2 * pair) * e, 2 * es);
+        write_packed_k_group<es>(rows, n, region + packed_k_offset(offset0, 0, n) * e);
         return;
     }
     for (dim g = 0; g < n; g += packed_group) {
