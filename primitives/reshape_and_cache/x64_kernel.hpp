@@ -2,7 +2,9 @@
 // instantiated by the thin per-ISA files avx2.cpp and avx512.cpp. It writes the same bytes as
 // ref:any for every input (the codec of src/fp8.hpp, vectorised bit-exactly):
 //   - the input row (f32/bf16/f16) is converted to f32 with vector loads into a stack buffer, its
-//     amax over the finite |x| taken on the way when the cache has per-token scales;
+//     amax over the finite |x| taken on the way when the cache has per-token scales; AVX2 encodes
+//     bf16/f16 rows into FP8 without the copy (the amax from their bits, the conversion in the
+//     encoder);
 //   - FP8: q = fp8(x / scale), a true f32 division, saturated to +-max (+-inf too), NaN to the
 //     canonical NaN with its sign. AVX-512 rounds with an integer encoder on the f32 bits (normal
 //     range: exponent rebias and round-to-nearest-even on the dropped mantissa bits, the carry moving
@@ -64,6 +66,7 @@ template <typename V> struct codec;
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 template <> struct codec<avx512_f32> {
+    static constexpr bool encodes_16bit_input = false; // FP8 from 16-bit rows through an f32 copy
     using reg = __m512;
     using ireg = __m512i;
     static ireg bits(reg x) { return _mm512_castps_si512(x); }
@@ -179,33 +182,94 @@ template <> struct codec<avx2_f32> {
                                             _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         return _mm256_or_si256(magnitudes, _mm256_and_si256(signs, set1_byte(0x80)));
     }
-    /// FP8 codes of src[i] / scale for n values (n a multiple of 8), 32 at a time, the last 8 to 24
-    /// through zero vectors and a buffer.
-    template <bool is_e4m3> static void encode_fp8(const float *src, dim n, float scale, char *dst) {
+    /// FP8 codes of x[i] / scale for n values (n a multiple of 8; `load(i)`: x[i .. i + 7] as f32),
+    /// 32 at a time, the last 8 to 24 through zero vectors and a buffer.
+    template <bool is_e4m3, typename Load>
+    static void encode_fp8_loaded(Load load, dim n, float scale, char *dst) {
         // e4m3 divides by scale * 2^8 (exact) to land in the f16 domain: the quotient is the f32
         // quotient times 2^-8 wherever an FP8 code depends on it (it is below 2^-118 elsewhere). A
         // scale whose 2^8 multiple overflows divides by itself and multiplies after.
         const float shifted = is_e4m3 ? scale * 256.f : scale;
-        const bool direct = shifted <= FLT_MAX;
-        const reg divisor = _mm256_set1_ps(direct ? shifted : scale);
-        const reg after = _mm256_set1_ps(1.f / 256.f);
-        auto quotient = [&](const float *p) {
-            const reg q = _mm256_div_ps(_mm256_loadu_ps(p), divisor);
-            return direct ? q : _mm256_mul_ps(q, after);
+        if (shifted <= FLT_MAX)
+            encode_fp8_divided<is_e4m3, false>(load, n, _mm256_set1_ps(shifted), dst);
+        else
+            encode_fp8_divided<is_e4m3, true>(load, n, _mm256_set1_ps(scale), dst);
+    }
+    template <bool is_e4m3, bool then_by_256, typename Load>
+    static void encode_fp8_divided(Load load, dim n, reg divisor, char *dst) {
+        auto quotient = [&](dim i) {
+            const reg q = _mm256_div_ps(load(i), divisor);
+            return then_by_256 ? _mm256_mul_ps(q, _mm256_set1_ps(1.f / 256.f)) : q;
         };
         dim i = 0;
         for (; i + 32 <= n; i += 32)
-            _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst + i),
-                                fp8_codes<is_e4m3>(quotient(src + i), quotient(src + i + 8),
-                                                   quotient(src + i + 16), quotient(src + i + 24)));
+            _mm256_storeu_si256(
+                    reinterpret_cast<__m256i *>(dst + i),
+                    fp8_codes<is_e4m3>(quotient(i), quotient(i + 8), quotient(i + 16), quotient(i + 24)));
         if (i == n) return;
         const reg zero = _mm256_setzero_ps();
         const dim rest = n - i;
         alignas(32) unsigned char codes[32];
         _mm256_store_si256(reinterpret_cast<__m256i *>(codes),
-                           fp8_codes<is_e4m3>(quotient(src + i), rest > 8 ? quotient(src + i + 8) : zero,
-                                              rest > 16 ? quotient(src + i + 16) : zero, zero));
+                           fp8_codes<is_e4m3>(quotient(i), rest > 8 ? quotient(i + 8) : zero,
+                                              rest > 16 ? quotient(i + 16) : zero, zero));
         std::memcpy(dst + i, codes, static_cast<size_t>(rest));
+    }
+    template <bool is_e4m3> static void encode_fp8(const float *src, dim n, float scale, char *dst) {
+        encode_fp8_loaded<is_e4m3>([src](dim i) { return _mm256_loadu_ps(src + i); }, n, scale, dst);
+    }
+
+    // Rows of bf16 or f16 values go to FP8 without an f32 copy: the amax on their bits, the
+    // conversion inside the encoder.
+    static constexpr bool encodes_16bit_input = true;
+    /// The largest finite |x| of n bf16 or f16 values (n a multiple of 8), 0 if none: a signed max
+    /// over the magnitude bits plus an offset that makes exactly the non-finite ones negative (the
+    /// magnitude order of finite values is their bits' order).
+    static float amax_16bit(const void *src, data_type dt, dim n) {
+        const auto *in = static_cast<const uint16_t *>(src);
+        const short offset = static_cast<short>(0x8000 - (dt == data_type::bf16 ? 0x7F80 : 0x7C00));
+        const ireg magnitude = _mm256_set1_epi16(0x7FFF), shift = _mm256_set1_epi16(offset);
+        ireg best = shift; // |x| = 0
+        dim i = 0;
+        for (; i + 16 <= n; i += 16) {
+            const ireg x = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(in + i));
+            best = _mm256_max_epi16(best, _mm256_add_epi16(_mm256_and_si256(x, magnitude), shift));
+        }
+        __m128i m = _mm_max_epi16(_mm256_castsi256_si128(best), _mm256_extracti128_si256(best, 1));
+        if (i < n) {
+            const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i *>(in + i));
+            m = _mm_max_epi16(m, _mm_add_epi16(_mm_and_si128(x, _mm256_castsi256_si128(magnitude)),
+                                               _mm256_castsi256_si128(shift)));
+        }
+        m = _mm_max_epi16(m, _mm_srli_si128(m, 8));
+        m = _mm_max_epi16(m, _mm_srli_si128(m, 4));
+        m = _mm_max_epi16(m, _mm_srli_si128(m, 2));
+        const auto bits = static_cast<uint16_t>(_mm_extract_epi16(m, 0) - offset);
+        if (dt == data_type::f16) return _cvtsh_ss(bits);
+        const uint32_t f = static_cast<uint32_t>(bits) << 16;
+        float x;
+        std::memcpy(&x, &f, sizeof x);
+        return x;
+    }
+    /// The FP8 codes of n bf16 or f16 values x[i] / scale.
+    static void encode_fp8_16bit(const void *src, data_type in_type, dim n, float scale, bool is_e4m3,
+                                 void *dst) {
+        const auto *in = static_cast<const char *>(src);
+        char *out = static_cast<char *>(dst);
+        auto bf16 = [in](dim i) {
+            const ireg x =
+                    _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(in + 2 * i)));
+            return _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+        };
+        auto f16 = [in](dim i) {
+            return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(in + 2 * i)));
+        };
+        if (in_type == data_type::bf16)
+            is_e4m3 ? encode_fp8_loaded<true>(bf16, n, scale, out)
+                    : encode_fp8_loaded<false>(bf16, n, scale, out);
+        else
+            is_e4m3 ? encode_fp8_loaded<true>(f16, n, scale, out)
+                    : encode_fp8_loaded<false>(f16, n, scale, out);
     }
     // The low 16 bits of each lane (values in [0, 65535]), as 8 packed 16-bit values.
     static __m128i narrow16(ireg x) {
@@ -337,23 +401,45 @@ inline float row_scale(const reshape_and_cache_problem &p, float amax, bool is_v
     return 1.f;
 }
 
-// One (token, head) row of one cache: its scale, then the encoded row into its slot.
+// An input row (f32/bf16/f16, n = head size values) encoded into dst in the cache's type, its scale
+// found by the mask (a per-token one computed and written). `row`: a buffer for the f32 copy, which
+// FP8 caches skip where the codec encodes them from 16-bit inputs.
 template <typename V>
-void store_row(const reshape_and_cache_problem &p, const float *row, float amax, bool is_value,
-               void *cache_data, float *scales, dim block, dim head, dim offset) {
+void encode_input_row(const reshape_and_cache_problem &p, const void *in, data_type in_type, bool is_value,
+                      float *scales, dim block, dim head, dim offset, float *row, void *dst) {
+    using C = codec<V>;
+    const data_type dt = (is_value ? p.v_cache : p.k_cache).get_data_type();
+    const bool amax = (is_value ? p.v_scales_mask : p.k_scales_mask) == scales_per_token;
+    const dim n = p.head_size;
+    if constexpr (C::encodes_16bit_input) {
+        if (is_fp8(dt) && in_type != data_type::f32) {
+            const float m = amax ? C::amax_16bit(in, in_type, n) : 0.f;
+            C::encode_fp8_16bit(in, in_type, n, row_scale(p, m, is_value, scales, block, head, offset),
+                                dt == data_type::f8_e4m3, dst);
+            return;
+        }
+    }
+    const float m = load_row<V>(in, in_type, n, row, amax);
+    encode_row<V>(row, n, row_scale(p, m, is_value, scales, block, head, offset), dt, dst);
+}
+
+// One (token, head) row of one cache encoded into its slot.
+template <typename V>
+void store_row(const reshape_and_cache_problem &p, const void *in, data_type in_type, bool is_value,
+               void *cache_data, float *scales, dim block, dim head, dim offset, float *row) {
     const tensor_desc &cache = is_value ? p.v_cache : p.k_cache;
     const data_type dt = cache.get_data_type();
     const dim n = p.head_size;
-    const float scale = row_scale(p, amax, is_value, scales, block, head, offset);
     const cache_view view(cache, is_value);
     const dim es = static_cast<dim>(data_type_size(dt));
     char *base = static_cast<char *>(cache_data);
     if (!view.packed()) {
-        encode_row<V>(row, n, scale, dt, base + view.offset(block, head, offset, 0) * es);
+        encode_input_row<V>(p, in, in_type, is_value, scales, block, head, offset, row,
+                            base + view.offset(block, head, offset, 0) * es);
         return;
     }
     alignas(64) unsigned char encoded[max_head_size * sizeof(float)];
-    encode_row<V>(row, n, scale, dt, encoded);
+    encode_input_row<V>(p, in, in_type, is_value, scales, block, head, offset, row, encoded);
     char *region = base + view.region(block, head) * es;
     switch (es) {
         case 1: scatter_packed<V, 1>(encoded, n, is_value, offset, p.block_size, region); break;
@@ -455,26 +541,22 @@ void write_packed_group(const unsigned char *rows, dim n, bool is_value, dim off
     }
 }
 
-// 16 tokens filling one group of a packed cache: each row converted, its scale found and the row
-// encoded into `rows`, then the group written at once.
+// 16 tokens filling one group of a packed cache: each row encoded (its scale found on the way) into
+// `rows`, then the group written at once.
 template <typename V>
 void store_group(const reshape_and_cache_problem &p, const reshape_and_cache_arguments &a, dim t0, dim head,
                  bool is_value, dim block, dim offset0, float *row, unsigned char *rows) {
     const tensor_desc &cache = is_value ? p.v_cache : p.k_cache;
     const data_type dt = cache.get_data_type(), in_type = is_value ? p.value_type : p.key_type;
-    const bool amax = (is_value ? p.v_scales_mask : p.k_scales_mask) == scales_per_token;
     const dim n = p.head_size, es = static_cast<dim>(data_type_size(dt));
     const dim in_es = static_cast<dim>(data_type_size(in_type));
     const dim token_stride = is_value ? a.value_token_stride : a.key_token_stride;
     const dim head_stride = is_value ? a.value_head_stride : a.key_head_stride;
     const char *in = static_cast<const char *>(is_value ? a.value : a.key);
     float *scales = is_value ? a.v_scales : a.k_scales;
-    for (dim j = 0; j < packed_group; ++j) {
-        const float m = load_row<V>(in + ((t0 + j) * token_stride + head * head_stride) * in_es, in_type, n,
-                                    row, amax);
-        encode_row<V>(row, n, row_scale(p, m, is_value, scales, block, head, offset0 + j), dt,
-                      rows + j * n * es);
-    }
+    for (dim j = 0; j < packed_group; ++j)
+        encode_input_row<V>(p, in + ((t0 + j) * token_stride + head * head_stride) * in_es, in_type, is_value,
+                            scales, block, head, offset0 + j, row, rows + j * n * es);
     const cache_view view(cache, is_value);
     char *region = static_cast<char *>(is_value ? a.v_cache : a.k_cache) + view.region(block, head) * es;
     switch (es) {
@@ -503,8 +585,7 @@ template <typename V> std::string decline(const reshape_and_cache_problem &p, co
 // (and a group holding one takes the row path).
 template <typename V> void execute(const reshape_and_cache_problem &p, const reshape_and_cache_arguments &a) {
     constexpr dim span = 256; // tokens per task; a group cut by a span's end takes the row path
-    const dim d = p.head_size, heads = p.kv_heads;
-    const bool k_amax = p.k_scales_mask == scales_per_token, v_amax = p.v_scales_mask == scales_per_token;
+    const dim heads = p.kv_heads;
     const dim key_es = static_cast<dim>(data_type_size(p.key_type)),
               value_es = static_cast<dim>(data_type_size(p.value_type));
     const bool both_packed =
@@ -537,12 +618,10 @@ template <typename V> void execute(const reshape_and_cache_problem &p, const res
                     const dim slot = slot_of(t), block = slot / p.block_size, offset = slot % p.block_size;
                     const char *k = static_cast<const char *>(a.key) +
                                     (t * a.key_token_stride + h * a.key_head_stride) * key_es;
-                    float amax = load_row<V>(k, p.key_type, d, row, k_amax);
-                    store_row<V>(p, row, amax, false, a.k_cache, a.k_scales, block, h, offset);
+                    store_row<V>(p, k, p.key_type, false, a.k_cache, a.k_scales, block, h, offset, row);
                     const char *v = static_cast<const char *>(a.value) +
                                     (t * a.value_token_stride + h * a.value_head_stride) * value_es;
-                    amax = load_row<V>(v, p.value_type, d, row, v_amax);
-                    store_row<V>(p, row, amax, true, a.v_cache, a.v_scales, block, h, offset);
+                    store_row<V>(p, v, p.value_type, true, a.v_cache, a.v_scales, block, h, offset, row);
                 }
                 ++t;
             }
