@@ -136,7 +136,6 @@ template <> struct codec<avx2_f32> {
     using ireg = __m256i;
     static ireg bits(reg x) { return _mm256_castps_si256(x); }
     static ireg set1i(int x) { return _mm256_set1_epi32(x); }
-    static reg div(reg a, reg b) { return _mm256_div_ps(a, b); }
     static reg abs_finite(reg x) {
         const ireg m = _mm256_and_si256(bits(x), set1i(0x7FFFFFFF));
         return _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(set1i(0x7F800000), m), m));
