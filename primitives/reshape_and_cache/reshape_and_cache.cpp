@@ -92,12 +92,21 @@ const pd_state &state_of(const primitive_desc_base &pd) {
 // Marks every token whose slot a later token of the same call also writes, so that exactly one
 // token (the last) reaches each slot even when tokens run in parallel. Empty when there are none.
 std::vector<uint8_t> find_superseded(const reshape_and_cache_arguments &a) {
+    auto slot_of = [&](dim t) { return a.slots64 ? a.slots64[t] : static_cast<dim>(a.slots32[t]); };
+    // Increasing slots (prefill, and decode with one token per sequence in block order) repeat
+    // none: no sort, no allocation.
+    bool increasing = true;
+    for (dim t = 0, last = -1; t < a.num_tokens && increasing; ++t) {
+        const dim slot = slot_of(t);
+        if (slot < 0) continue;
+        increasing = slot > last;
+        last = slot;
+    }
+    if (increasing) return {};
     std::vector<std::pair<dim, dim>> order; // (slot, token)
     order.reserve(static_cast<size_t>(a.num_tokens));
-    for (dim t = 0; t < a.num_tokens; ++t) {
-        const dim slot = a.slots64 ? a.slots64[t] : a.slots32[t];
-        if (slot >= 0) order.emplace_back(slot, t);
-    }
+    for (dim t = 0; t < a.num_tokens; ++t)
+        if (slot_of(t) >= 0) order.emplace_back(slot_of(t), t);
     std::sort(order.begin(), order.end());
     std::vector<uint8_t> superseded;
     for (size_t i = 1; i < order.size(); ++i) {
