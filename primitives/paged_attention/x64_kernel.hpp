@@ -331,8 +331,7 @@ struct packed_values_rows {
     data_type v_type;
     dim v_size, g0, first_pair, end_pair;
     dim common_begin, common_end; // tokens every row of the block sees
-    const float *probability;     // rows x prob_stride
-    dim prob_stride;
+    const float *probability;     // rows x packed_chunk
     const float *correction;
     float *acc; // rows x d
     dim d;
@@ -368,17 +367,27 @@ void packed_values_slice(const packed_values_rows &job, dim v0) {
         for (int i = 0; i < S; ++i)
             rows[i] = row_of(i, group_begin);
         const dim ahead = job.ahead[group_begin / 8], step = 32 * job.v_size;
+        // One prefetch per cache line: with 8-lane vectors a 16-dim group's pair of 16-bit or FP8
+        // values (<= 64 bytes) is two vectors, the first at an even index (slices of S >= 2 start
+        // at an even v0).
+        auto starts_line = [](int i) {
+            return !(width == 8 && v_type != data_type::f32 && S >= 2 && i % 2 == 1);
+        };
         for (dim pair = group_begin; pair < group_end; ++pair) {
             R first[S], second[S];
             for (int i = 0; i < S; ++i)
                 V::load_pair(rows[i] + (pair - group_begin) * step, v_type, first[i], second[i]);
             for (int i = 0; i < S; ++i)
-                prefetch_ahead(rows[i] + (pair - group_begin) * step, ahead);
+                if (starts_line(i)) prefetch_ahead(rows[i] + (pair - group_begin) * step, ahead);
             for (int r = 0; r < N; ++r) {
-                const R w0 = V::set1(job.probability[r * job.prob_stride + 2 * pair]);
-                const R w1 = V::set1(job.probability[r * job.prob_stride + 2 * pair + 1]);
+                // Each broadcast used at once, and each FMA adding into its accumulator in place
+                // (nested FMAs made the compiler copy a broadcast per row).
+                const R w0 = V::set1(job.probability[r * packed_chunk + 2 * pair]);
                 for (int i = 0; i < S; ++i)
-                    out[r][i] = V::fma(w0, first[i], V::fma(w1, second[i], out[r][i]));
+                    out[r][i] = V::fma(w0, first[i], out[r][i]);
+                const R w1 = V::set1(job.probability[r * packed_chunk + 2 * pair + 1]);
+                for (int i = 0; i < S; ++i)
+                    out[r][i] = V::fma(w1, second[i], out[r][i]);
             }
         }
         group_begin = group_end;
@@ -390,7 +399,7 @@ void packed_values_slice(const packed_values_rows &job, dim v0) {
             R first, second;
             V::load_pair(row_of(i, pair), v_type, first, second);
             for (int r = 0; r < N; ++r) {
-                const float *pr = job.probability + r * job.prob_stride + 2 * pair;
+                const float *pr = job.probability + r * packed_chunk + 2 * pair;
                 if (pr[0] != 0.f) out[r][i] = V::fma(V::set1(pr[0]), first, out[r][i]);
                 if (pr[1] != 0.f) out[r][i] = V::fma(V::set1(pr[1]), second, out[r][i]);
             }
@@ -740,7 +749,6 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
             job.common_begin = common_begin;
             job.common_end = common_end;
             job.probability = probability + r0 * packed_chunk;
-            job.prob_stride = packed_chunk;
             job.correction = correction + r0;
             job.acc = acc + r0 * d;
             job.d = d;
