@@ -18,14 +18,14 @@ namespace {
 
 namespace pa = pagedattn;
 
-constexpr pa::dim head_size = 16, block_size = 16;
+constexpr pa::dim block_size = 16;
 
-// Byte offset of (block, t, d) in a one-head cache: the element order of layout::packed written out
-// from its definition, or plain HND.
-pa::dim offset(pa::layout l, bool value, pa::dim block, pa::dim t, pa::dim d) {
-    const pa::dim region = block * block_size * head_size;
-    if (l == pa::layout::plain) return region + t * head_size + d;
-    if (!value) return region + (t / 16) * 16 * head_size + (d / 2) * 32 + (t % 16) * 2 + d % 2;
+// Byte offset of (block, t, d) in a one-head cache of head size hs: the element order of
+// layout::packed written out from its definition, or plain HND.
+pa::dim offset(pa::layout l, bool value, pa::dim block, pa::dim t, pa::dim d, pa::dim hs) {
+    const pa::dim region = block * block_size * hs;
+    if (l == pa::layout::plain) return region + t * hs + d;
+    if (!value) return region + (t / 16) * 16 * hs + (d / 2) * 32 + (t % 16) * 2 + d % 2;
     return region + (d / 16) * 16 * block_size + (t / 2) * 32 + (d % 16) * 2 + t % 2;
 }
 
@@ -34,15 +34,17 @@ struct setup {
     pa::layout l;
     pa::data_type q_dt; // f32 or bf16 (the values used are exact in bf16)
     pa::dim tokens;
+    pa::dim head_size;
     std::vector<uint8_t> k, v;
     std::vector<int32_t> table, lens, starts { 0, 1 };
-    std::vector<float> q = std::vector<float>(head_size, 0.f), dst = std::vector<float>(head_size, 0.f);
+    std::vector<float> q, dst;
     pa::tensor_desc cache_md;
+    std::vector<uint16_t> q_bf16;
 
-    std::vector<uint16_t> q_bf16 = std::vector<uint16_t>(head_size, 0);
-
-    setup(pa::data_type dt_, pa::layout l_, pa::data_type q_dt_, pa::dim tokens_)
-        : dt(dt_), l(l_), q_dt(q_dt_), tokens(tokens_) {
+    setup(pa::data_type dt_, pa::layout l_, pa::data_type q_dt_, pa::dim tokens_, pa::dim head_size_ = 16)
+        : dt(dt_), l(l_), q_dt(q_dt_), tokens(tokens_), head_size(head_size_),
+          q(static_cast<size_t>(head_size), 0.f), dst(static_cast<size_t>(head_size), 0.f),
+          q_bf16(static_cast<size_t>(head_size), 0) {
         const pa::dim blocks = (tokens + block_size - 1) / block_size;
         cache_md = pa::tensor_desc({ blocks, 1, block_size, head_size }, dt, l);
         k.assign(cache_md.get_size(), 0);
@@ -52,10 +54,10 @@ struct setup {
         lens.push_back(static_cast<int32_t>(tokens));
     }
     uint8_t &k_at(pa::dim t, pa::dim d) {
-        return k[offset(l, false, table[t / block_size], t % block_size, d)];
+        return k[offset(l, false, table[t / block_size], t % block_size, d, head_size)];
     }
     uint8_t &v_at(pa::dim t, pa::dim d) {
-        return v[offset(l, true, table[t / block_size], t % block_size, d)];
+        return v[offset(l, true, table[t / block_size], t % block_size, d, head_size)];
     }
     pa::paged_attention::desc desc() const {
         pa::paged_attention::options o;
@@ -104,7 +106,7 @@ TEST_P(fp8_codes, every_value_code_is_dequantized_exactly) {
     const param p = GetParam();
     const reference::format f = format_of(p.dt);
     setup s(p.dt, p.l, p.q_dt,
-            256 / head_size + 1); // 17 tokens: token 0 selects, the others hold 16 codes each
+            17); // head size 16: token 0 selects, the 16 others hold 16 codes each
     const uint8_t big = p.dt == pa::data_type::f8_e4m3 ? 0x7E : 0x5F; // 448, and 448 in e5m2 too
     pa::paged_attention::primitive_desc pd(dnnl::engine(dnnl::engine::kind::cpu, 0), s.desc());
     do {
@@ -116,12 +118,12 @@ TEST_P(fp8_codes, every_value_code_is_dequantized_exactly) {
             s.k_at(target, 0) = big;
             // Only the selected token holds codes: every visible token's weight is positive by the
             // definition, so a NaN or inf value elsewhere would rightly reach dst.
-            for (pa::dim d = 0; d < head_size; ++d)
-                s.v_at(target, d) = static_cast<uint8_t>((target - 1) * head_size + d);
+            for (pa::dim d = 0; d < s.head_size; ++d)
+                s.v_at(target, d) = static_cast<uint8_t>((target - 1) * s.head_size + d);
             s.q[0] = 1.f;
             s.run(prim);
-            for (pa::dim d = 0; d < head_size; ++d) {
-                const uint8_t code = static_cast<uint8_t>((target - 1) * head_size + d);
+            for (pa::dim d = 0; d < s.head_size; ++d) {
+                const uint8_t code = static_cast<uint8_t>((target - 1) * s.head_size + d);
                 const double expected = reference::decode_fp8(f, code);
                 const float got = s.dst[static_cast<size_t>(d)];
                 if (std::isnan(expected))
@@ -161,6 +163,35 @@ TEST_P(fp8_codes, every_finite_key_code_is_dequantized_exactly) {
             EXPECT_NEAR(s.dst[0], expected, 4e-7) << "code " << code << " key " << k;
             EXPECT_NEAR(s.dst[1], 1.0 - expected, 4e-7) << "code " << code << " key " << k;
         }
+    } while (pd.next_impl());
+}
+
+// An attended NaN value reaches dst wherever it sits in the KV range: in each 16-token group of a
+// 64-token chunk (block size 16: each group from another block), in each group of 16 dims, and in a
+// chunk after the first. Kernels that check a chunk's e4m3 codes for NaN to skip its decoding
+// patch must check all of them. Keys and the other values are 0: every token weighs 1 / 80.
+TEST_P(fp8_codes, a_nan_value_anywhere_in_the_range_reaches_dst) {
+    const param p = GetParam();
+    const pa::dim tokens = 80, d_size = 128;
+    setup s(p.dt, p.l, p.q_dt, tokens, d_size);
+    const uint8_t nan_code = p.dt == pa::data_type::f8_e4m3 ? 0x7F : 0x7E;
+    pa::paged_attention::primitive_desc pd(dnnl::engine(dnnl::engine::kind::cpu, 0), s.desc());
+    do {
+        SCOPED_TRACE(std::string(pd.impl_info_str()) + (p.l == pa::layout::packed ? " packed" : " plain"));
+        const pa::paged_attention prim(pd);
+        for (pa::dim t : { 0, 15, 16, 33, 47, 48, 63, 64, 79 })
+            for (pa::dim d : { 0, 15, 16, 70, 127 }) {
+                std::fill(s.v.begin(), s.v.end(), 0);
+                s.v_at(t, d) = static_cast<uint8_t>(nan_code | (t % 2 ? 0x80 : 0));
+                s.run(prim);
+                for (pa::dim i = 0; i < d_size; ++i) {
+                    const float got = s.dst[static_cast<size_t>(i)];
+                    if (i == d)
+                        EXPECT_TRUE(std::isnan(got)) << "NaN at token " << t << " dim " << d;
+                    else
+                        EXPECT_EQ(got, 0.f) << "NaN at token " << t << " dim " << d << ", dim " << i;
+                }
+            }
     } while (pd.next_impl());
 }
 

@@ -84,17 +84,20 @@ struct avx512_f32 {
     // FP8 codes in 16-bit lanes to f16 bits. e5m2 is the top byte of an f16. e4m3's magnitude bits
     // shifted into an f16 give its value times 2^-8 exactly, subnormals included (they land on f16
     // subnormals, which vcvtph2ps converts exactly whatever MXCSR says); NaN codes are patched.
-    static __m512i fp8_to_f16(__m512i x, data_type dt) {
+    template <bool may_hold_nan = true> static __m512i fp8_to_f16(__m512i x, data_type dt) {
         if (dt == data_type::f8_e5m2) return _mm512_slli_epi16(x, 8);
         const __m512i magnitude = _mm512_and_si512(x, _mm512_set1_epi16(0x7F));
         const __m512i h = _mm512_or_si512(_mm512_slli_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0x80)), 8),
                                           _mm512_slli_epi16(magnitude, 7));
+        if constexpr (!may_hold_nan) return h;
         return _mm512_mask_mov_epi16(h, _mm512_cmpeq_epi16_mask(magnitude, _mm512_set1_epi16(0x7F)),
                                      _mm512_set1_epi16(0x7E00));
     }
     // Packed-layout loads: 2 * width elements holding width pairs (element 2i + k is item i's k-th
     // of the pair), split into the first and the second of each pair. e4m3 comes out times 2^-8
-    // (packed_load_unit): the kernel folds 2^8 into q and the output, exactly.
+    // (packed_load_unit): the kernel folds 2^8 into q and the output, exactly. `may_hold_nan`
+    // false: e4m3 codes known to hold no NaN skip its patch.
+    template <bool may_hold_nan = true>
     __attribute__((always_inline)) static void load_pair(const void *p, data_type dt, reg &first,
                                                          reg &second) {
         switch (dt) {
@@ -121,7 +124,7 @@ struct avx512_f32 {
                 break;
             }
             default: { // FP8, 32 codes: each widened to an f16 with the same value (e4m3: x 2^-8)
-                const __m512i h = fp8_to_f16(
+                const __m512i h = fp8_to_f16<may_hold_nan>(
                         _mm512_cvtepu8_epi16(_mm256_loadu_si256(static_cast<const __m256i *>(p))), dt);
                 first = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
                 second = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16)));
@@ -208,6 +211,7 @@ struct avx2_f32 {
     static reg load_f16(const void *p) {
         return _mm256_cvtph_ps(_mm_loadu_si128(static_cast<const __m128i *>(p)));
     }
+    template <bool may_hold_nan = true> // as avx512_f32::load_pair
     __attribute__((always_inline)) static void load_pair(const void *p, data_type dt, reg &first,
                                                          reg &second) {
         switch (dt) {
@@ -253,10 +257,11 @@ struct avx2_f32 {
                     // sign, a zero, E in the f16 exponent's low bits and M at its mantissa's top:
                     // value x 2^-8, subnormals included. NaN (EEEE.MMM all ones) becomes 0xFFFF.
                     const __m256i t = _mm256_srai_epi16(h, 1);
-                    const __m256i magnitude = _mm256_set1_epi16(0x3F80);
-                    const __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(t, magnitude), magnitude);
-                    h = _mm256_or_si256(_mm256_and_si256(t, _mm256_set1_epi16(static_cast<short>(0xBF80))),
-                                        nan);
+                    h = _mm256_and_si256(t, _mm256_set1_epi16(static_cast<short>(0xBF80)));
+                    if constexpr (may_hold_nan) {
+                        const __m256i magnitude = _mm256_set1_epi16(0x3F80);
+                        h = _mm256_or_si256(h, _mm256_cmpeq_epi16(_mm256_and_si256(t, magnitude), magnitude));
+                    }
                 }
                 first = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
                 second = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
