@@ -43,7 +43,9 @@ namespace detail {
 namespace x64 {
 // Everything here is compiled once per ISA file with that ISA's flags. A namespace per ISA keeps the
 // copies apart: otherwise the linker would keep one copy of each inline function for all of them,
-// possibly the AVX-512 one for a caller on an AVX2 machine.
+// possibly the AVX-512 one for a caller on an AVX2 machine. Hidden: nothing here is API, and calls
+// between exported template instances went through the PLT and were not inlined.
+#pragma GCC visibility push(hidden)
 namespace PAGEDATTN_X64_ISA {
 
 constexpr dim chunk = 16;        // plain layout: tokens per online-softmax step
@@ -70,7 +72,8 @@ template <typename V> std::string decline(const paged_attention_problem &p, cons
 }
 
 struct scratch_layout {
-    size_t q, acc, scores, row_max, row_sum, correction, k_row, v_row, k_chunk, v_chunk, total; // in floats
+    size_t q, acc, scores, row_max, row_sum, correction, k_row, v_row, k_chunk, v_chunk,
+            total; // in floats
     explicit scratch_layout(const paged_attention_problem &p) {
         const size_t rows = static_cast<size_t>(tokens_per_tile(p) * (p.q_heads / p.kv_heads));
         const size_t d = static_cast<size_t>(p.head_size);
@@ -343,9 +346,10 @@ struct packed_values_rows {
 // Pairs every row sees take the fast path; at range edges a token a row does not see is skipped
 // for it, so that a non-finite value it excludes cannot leak in through 0 * inf.
 // S dim vectors starting at vector v0, for N rows: the accumulators stay in registers across the
-// token pairs, and each probability is broadcast once for all S vectors.
+// token pairs, and each probability is broadcast once for all S vectors. Inlined into
+// packed_values' loop over the slices (a call per slice cost ~50 cycles).
 template <typename V, int N, int S, data_type v_type, bool may_hold_nan>
-void packed_values_slice(const packed_values_rows &job, dim v0) {
+__attribute__((always_inline)) inline void packed_values_slice(const packed_values_rows &job, dim v0) {
     using R = typename V::reg;
     constexpr int width = V::width;
     auto row_of = [&](int i, dim pair) { // the V row holding vector v0 + i for a token pair
@@ -764,7 +768,8 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         }
         for (dim r0 = 0; r0 < rows; r0 += value_rows) {
             const dim n = std::min(value_rows, rows - r0);
-            dim common_begin = item.kv_begin, common_end = item.kv_end; // tokens every row of the pass sees
+            dim common_begin = item.kv_begin,
+                common_end = item.kv_end; // tokens every row of the pass sees
             for (dim rr = 0; rr < n; ++rr) {
                 const kv_range vr = visible_range(o, context + item.first_token + (r0 + rr) / group, seq_len);
                 common_begin = std::max(common_begin, vr.begin);
@@ -814,6 +819,7 @@ void run_item(const paged_attention_problem &p, const paged_attention_arguments 
 }
 
 } // namespace PAGEDATTN_X64_ISA
+#pragma GCC visibility pop
 } // namespace x64
 } // namespace detail
 } // namespace pagedattn

@@ -43,6 +43,8 @@
 
 namespace pagedattn {
 namespace detail {
+// Hidden, like the paged_attention kernels: internal, called directly rather than through the PLT.
+#pragma GCC visibility push(hidden)
 namespace x64_rac {
 
 // The FP8 formats of src/fp8.cpp as compile-time constants: mantissa bits, bias, largest finite
@@ -674,5 +676,6 @@ template <typename V> void execute(const reshape_and_cache_problem &p, const res
 }
 
 } // namespace x64_rac
+#pragma GCC visibility pop
 } // namespace detail
 } // namespace pagedattn
