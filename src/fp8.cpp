@@ -102,11 +102,19 @@ float fp8_max(data_type dt) {
     return 0.f;
 }
 
-uint16_t f32_to_bf16(float x) {
+namespace {
+// In this file only, so that convert_row_from_f32's loop inlines it (a call per element cost ~4% of
+// a 512-token decode) while no copy compiled with another file's ISA flags can stand in for it.
+inline uint16_t round_to_bf16(float x) {
     const uint32_t bits = float_bits(x);
     if ((bits & 0x7FFFFFFF) > 0x7F800000) return static_cast<uint16_t>((bits >> 16) | 0x40);
     const uint32_t rounding = 0x7FFF + ((bits >> 16) & 1);
     return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+} // namespace
+
+uint16_t f32_to_bf16(float x) {
+    return round_to_bf16(x);
 }
 
 float f16_to_f32(uint16_t h) {
@@ -207,7 +215,7 @@ void convert_row_from_f32(const float *src, int64_t n, float scale, data_type dt
         // attention output row.
         case data_type::bf16:
             for (int64_t i = 0; i < n; ++i)
-                static_cast<uint16_t *>(dst)[i] = f32_to_bf16(src[i]);
+                static_cast<uint16_t *>(dst)[i] = round_to_bf16(src[i]);
             break;
         case data_type::f16:
             for (int64_t i = 0; i < n; ++i)
