@@ -352,10 +352,14 @@ template <typename V, int N, int S, data_type v_type, bool may_hold_nan>
 __attribute__((always_inline)) inline void packed_values_slice(const packed_values_rows &job, dim v0) {
     using R = typename V::reg;
     constexpr int width = V::width;
-    auto row_of = [&](int i, dim pair) { // the V row holding vector v0 + i for a token pair
+    dim offset_in_group[S]; // of vector v0 + i within a group's V rows, the same for every pair
+    for (int i = 0; i < S; ++i) {
         const dim dv = (v0 + i) * width;
-        return job.group[pair / 8] + (dv / 16) * job.dims_group_stride +
-               ((pair % 8) * 32 + dv % 16 * 2) * job.v_size;
+        offset_in_group[i] = (dv / 16) * job.dims_group_stride + dv % 16 * 2 * job.v_size;
+    }
+    auto row_of = [&](int i, dim pair) { // the V row holding vector v0 + i for a token pair (>= 0)
+        const auto u = static_cast<size_t>(pair);
+        return job.group[u / 8] + offset_in_group[i] + static_cast<dim>(u % 8) * 32 * job.v_size;
     };
     R out[N][S];
     for (int r = 0; r < N; ++r)
