@@ -306,21 +306,30 @@ void packed_scores(const char *k_group, dim k_size, const float *q, dim d, float
 
 // Scores by bf16 pair products: q_pairs holds each row's q as bf16 pairs (d / 2 per row); the
 // scores are multiplied by `factor` (the softmax scale and any folded K scale) after the sums.
+// vdpbf16ps takes several cycles and issues twice per cycle: with few rows each row's sum is split
+// over `chains` accumulators (the pairs taken in turn), so that 12 to 16 sums are in flight.
 template <typename V, int N, data_type k_type>
 void packed_pair_scores(const char *k_group, dim k_size, const uint32_t *q_pairs, dim d, float factor,
                         float *out, dim out_stride, dim ahead) {
     using R = typename V::reg;
-    R s[N];
+    constexpr int chains = N >= 12 ? 1 : N >= 6 ? 2 : N >= 3 ? 4 : 8; // d / 2 is a multiple of 8
+    R s[N][chains];
     for (int r = 0; r < N; ++r)
-        s[r] = V::zero();
-    for (dim pair = 0; pair < d / 2; ++pair) {
-        const typename V::pairs k = V::load_bf16_pairs(k_group + pair * 32 * k_size, k_type);
-        prefetch_ahead(k_group + pair * 32 * k_size, ahead);
-        for (int r = 0; r < N; ++r)
-            s[r] = V::dot_pairs(s[r], q_pairs[r * (d / 2) + pair], k);
+        for (int c = 0; c < chains; ++c)
+            s[r][c] = V::zero();
+    for (dim pair = 0; pair < d / 2; pair += chains)
+        for (int c = 0; c < chains; ++c) {
+            const char *k_pairs = k_group + (pair + c) * 32 * k_size; // 64 bytes (bf16) or 32 (FP8)
+            const typename V::pairs k = V::load_bf16_pairs(k_pairs, k_type);
+            if (k_type == data_type::bf16 || (pair + c) % 2 == 0) prefetch_ahead(k_pairs, ahead);
+            for (int r = 0; r < N; ++r)
+                s[r][c] = V::dot_pairs(s[r][c], q_pairs[r * (d / 2) + pair + c], k);
+        }
+    for (int r = 0; r < N; ++r) {
+        for (int c = 1; c < chains; ++c)
+            s[r][0] = V::add(s[r][0], s[r][c]);
+        V::store(out + r * out_stride, V::mul(s[r][0], V::set1(factor)));
     }
-    for (int r = 0; r < N; ++r)
-        V::store(out + r * out_stride, V::mul(s[r], V::set1(factor)));
 }
 
 constexpr int max_chunk_groups = packed_chunk / 16;
@@ -567,10 +576,10 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
             q_pairs[i / 2] = static_cast<uint32_t>(f32_to_bf16(q[i])) |
                              static_cast<uint32_t>(f32_to_bf16(q[i + 1])) << 16;
     // load_pair's units (e4m3: 2^-8) folded into q and the output: powers of two, so exact.
-    if (!V::pair_products && packed_load_unit(k_type) != 1.f)
+    if (!V::pair_products && V::load_unit(k_type) != 1.f)
         for (dim i = 0; i < rows * d; ++i)
-            q[i] /= packed_load_unit(k_type);
-    const float out_factor = info.out_factor / packed_load_unit(v_type);
+            q[i] /= V::load_unit(k_type);
+    const float out_factor = info.out_factor / V::load_unit(v_type);
 
     // Where a chunk's 16-token groups lie, each through the block table: with small block sizes a
     // chunk spans several blocks.
@@ -636,31 +645,44 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                           : chunk.k[g];
         };
         if constexpr (V::pair_products) {
-            for (dim r0 = 0; r0 < rows; r0 += row_block) {
+            // Up to 16 rows per pass (a verify step's 4 tokens x 4 q heads in one): each FP8 key
+            // decoded serves them all.
+            for (dim r0 = 0; r0 < rows;) {
+                const dim n = rows - r0 >= 16 ? 16 : rows - r0 >= 8 ? 8 : std::min(row_block, rows - r0);
                 const uint32_t *qr = q_pairs + r0 * (d / 2);
                 for (dim g = 0; g < tokens / 16; ++g) {
                     const char *k_group = chunk.k[g];
                     float *out = probability + r0 * packed_chunk + g * 16;
                     const float f = info.q_factor;
-                    switch (std::min(row_block, rows - r0)) {
+                    const dim ahead = k_ahead[g];
+                    switch (n) {
+                        case 16:
+                            packed_pair_scores_of<V, 16>(k_type, k_group, k_size, qr, d, f, out, packed_chunk,
+                                                         ahead);
+                            break;
+                        case 8:
+                            packed_pair_scores_of<V, 8>(k_type, k_group, k_size, qr, d, f, out, packed_chunk,
+                                                        ahead);
+                            break;
                         case 4:
                             packed_pair_scores_of<V, 4>(k_type, k_group, k_size, qr, d, f, out, packed_chunk,
-                                                        k_ahead[g]);
+                                                        ahead);
                             break;
                         case 3:
                             packed_pair_scores_of<V, 3>(k_type, k_group, k_size, qr, d, f, out, packed_chunk,
-                                                        k_ahead[g]);
+                                                        ahead);
                             break;
                         case 2:
                             packed_pair_scores_of<V, 2>(k_type, k_group, k_size, qr, d, f, out, packed_chunk,
-                                                        k_ahead[g]);
+                                                        ahead);
                             break;
                         default:
                             packed_pair_scores_of<V, 1>(k_type, k_group, k_size, qr, d, f, out, packed_chunk,
-                                                        k_ahead[g]);
+                                                        ahead);
                             break;
                     }
                 }
+                r0 += n;
             }
         } else {
             for (dim r0 = 0; r0 < rows; r0 += row_block) {
@@ -754,7 +776,7 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         // of this chunk for every dims group, at the element positions of a 64-token block.
         const bool v_once = rows > value_rows && v_type != data_type::f32 && v_type != data_type::bf16;
         const data_type v_source_type = v_once ? decoded_type(v_type) : v_type;
-        bool v_nan_free = v_source_type == data_type::f8_e4m3; // the values each pass reads: 8 pairs x 32
+        bool v_nan_free = !V::fp8_by_table && v_source_type == data_type::f8_e4m3; // 8 pairs x 32 per group
         for (dim g = 0; g < chunk.count && v_nan_free; ++g)
             for (dim dims_group = 0; dims_group < d / 16 && v_nan_free; ++dims_group)
                 v_nan_free = e4m3_without_nan(chunk.v[g] + dims_group * 16 * bs, 8 * 32);
