@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -304,9 +305,9 @@ void packed_scores(const char *k_group, dim k_size, const float *q, dim d, float
             V::store(out + r * out_stride + v * width, s[r][v]);
 }
 
-// Scores by bf16 pair products: q_pairs holds each row's q as bf16 pairs (d / 2 per row); the
-// scores are multiplied by `factor` (the softmax scale and any folded K scale) after the sums.
-// vdpbf16ps takes several cycles and issues twice per cycle: with few rows each row's sum is split
+// Scores by bf16 pair products: q_pairs holds the N rows' q as bf16 pairs, pair-major (pair i of
+// row r at i * N + r); the scores are multiplied by `factor` (the softmax scale and any folded K scale) after
+// the sums. vdpbf16ps takes several cycles and issues twice per cycle: with few rows each row's sum is split
 // over `chains` accumulators (the pairs taken in turn), so that 12 to 16 sums are in flight.
 template <typename V, int N, data_type k_type>
 void packed_pair_scores(const char *k_group, dim k_size, const uint32_t *q_pairs, dim d, float factor,
@@ -323,13 +324,19 @@ void packed_pair_scores(const char *k_group, dim k_size, const uint32_t *q_pairs
             const typename V::pairs k = V::load_bf16_pairs(k_pairs, k_type);
             if (k_type == data_type::bf16 || (pair + c) % 2 == 0) prefetch_ahead(k_pairs, ahead);
             for (int r = 0; r < N; ++r)
-                s[r][c] = V::dot_pairs(s[r][c], q_pairs[r * (d / 2) + pair + c], k);
+                s[r][c] = V::dot_pairs(s[r][c], q_pairs[(pair + c) * N + r], k);
         }
     for (int r = 0; r < N; ++r) {
         for (int c = 1; c < chains; ++c)
             s[r][0] = V::add(s[r][0], s[r][c]);
         V::store(out + r * out_stride, V::mul(s[r][0], V::set1(factor)));
     }
+}
+
+// Rows per score pass with pair products: up to 16 (a verify step's 4 tokens x 4 q heads in one),
+// so that each FP8 key decoded serves them all.
+inline dim pair_row_block(dim remaining_rows) {
+    return remaining_rows >= 16 ? 16 : remaining_rows >= 8 ? 8 : std::min<dim>(4, remaining_rows);
 }
 
 constexpr int max_chunk_groups = packed_chunk / 16;
@@ -568,13 +575,27 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
     const dim k_size = static_cast<dim>(data_type_size(k_type)),
               v_size = static_cast<dim>(data_type_size(v_type));
     const cache_view k_view(p.k_cache, false), v_view(p.v_cache, true);
-    // Pair products: q as bf16 pairs (exact: the query is bf16), packed in place over the f32 q
-    // (pair i is written at index i / 2 <= i, after both of its values were read).
-    uint32_t *q_pairs = reinterpret_cast<uint32_t *>(q);
-    if constexpr (V::pair_products)
-        for (dim i = 0; i < rows * d; i += 2)
-            q_pairs[i / 2] = static_cast<uint32_t>(f32_to_bf16(q[i])) |
-                             static_cast<uint32_t>(f32_to_bf16(q[i + 1])) << 16;
+    // Pair products: q as bf16 pairs (exact: the query is bf16, so its bf16 bits are the f32's
+    // high half), pair-major within each pass's block of rows (pair_row_block) so that the
+    // pass's broadcasts address one pointer: packed in place over the first half of the f32 q
+    // (pair i written at index i / 2 <= i after both of its values were read), then reordered
+    // into the second half.
+    uint32_t *q_pairs = reinterpret_cast<uint32_t *>(q) + rows * d / 2;
+    if constexpr (V::pair_products) {
+        uint32_t *row_major = reinterpret_cast<uint32_t *>(q);
+        for (dim i = 0; i < rows * d; i += 2) {
+            uint32_t low, high;
+            std::memcpy(&low, &q[i], 4);
+            std::memcpy(&high, &q[i + 1], 4);
+            row_major[i / 2] = low >> 16 | (high & 0xFFFF0000u);
+        }
+        for (dim r0 = 0, n; r0 < rows; r0 += n) {
+            n = pair_row_block(rows - r0);
+            for (dim pair = 0; pair < d / 2; ++pair)
+                for (dim r = 0; r < n; ++r)
+                    q_pairs[r0 * (d / 2) + pair * n + r] = row_major[(r0 + r) * (d / 2) + pair];
+        }
+    }
     // load_pair's units (e4m3: 2^-8) folded into q and the output: powers of two, so exact.
     if (!V::pair_products && V::load_unit(k_type) != 1.f)
         for (dim i = 0; i < rows * d; ++i)
@@ -645,10 +666,8 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                           : chunk.k[g];
         };
         if constexpr (V::pair_products) {
-            // Up to 16 rows per pass (a verify step's 4 tokens x 4 q heads in one): each FP8 key
-            // decoded serves them all.
             for (dim r0 = 0; r0 < rows;) {
-                const dim n = rows - r0 >= 16 ? 16 : rows - r0 >= 8 ? 8 : std::min(row_block, rows - r0);
+                const dim n = pair_row_block(rows - r0);
                 const uint32_t *qr = q_pairs + r0 * (d / 2);
                 for (dim g = 0; g < tokens / 16; ++g) {
                     const char *k_group = chunk.k[g];
@@ -785,9 +804,11 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                 for (dim pair = first_pair; pair < end_pair; ++pair)
                     for (dim sub = 0; sub < 16; sub += width) {
                         R first, second;
-                        V::load_pair(chunk.v[pair / 8] +
-                                             (dims_group * 16 * bs + (pair % 8) * 32 + sub * 2) * v_size,
-                                     v_type, first, second);
+                        const char *values = chunk.v[pair / 8] +
+                                             (dims_group * 16 * bs + (pair % 8) * 32 + sub * 2) * v_size;
+                        V::load_pair(values, v_type, first, second);
+                        if (sub == 0 && (v_size > 1 || pair % 2 == 0))
+                            prefetch_ahead(values, v_ahead[pair / 8]);
                         store_decoded<V>(v_decoded, v_source_type,
                                          dims_group * 16 * packed_chunk + pair * 32 + sub * 2, first, second);
                     }
