@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
@@ -68,9 +69,52 @@ template <bool is_e4m3> struct fp8_format {
 // Per-ISA encoders over the f32 vector type; specialised below.
 template <typename V> struct codec;
 
+// The largest finite |x| of n bf16 or f16 values (n a multiple of 8), 0 if none: a signed max over
+// the magnitude bits plus an offset that makes exactly the non-finite ones negative (the magnitude
+// order of finite values is their bits' order). W: __m256i or __m512i, the widest whole loads.
+template <typename V, typename W> float amax_16bit_by(const void *src, data_type dt, dim n) {
+    constexpr dim lanes = sizeof(W) / 2;
+    const auto *in = static_cast<const uint16_t *>(src);
+    const short offset = static_cast<short>(0x8000 - (dt == data_type::bf16 ? 0x7F80 : 0x7C00));
+    __m128i m = _mm_set1_epi16(offset); // |x| = 0
+    dim i = 0;
+    if constexpr (lanes == 32) {
+#if defined(__AVX512BW__)
+        const __m512i magnitude = _mm512_set1_epi16(0x7FFF), shift = _mm512_set1_epi16(offset);
+        __m512i best = shift;
+        for (; i + 32 <= n; i += 32)
+            best = _mm512_max_epi16(
+                    best, _mm512_add_epi16(_mm512_and_si512(_mm512_loadu_si512(in + i), magnitude), shift));
+        const __m256i half =
+                _mm256_max_epi16(_mm512_castsi512_si256(best), _mm512_extracti64x4_epi64(best, 1));
+        m = _mm_max_epi16(_mm256_castsi256_si128(half), _mm256_extracti128_si256(half, 1));
+#endif
+    }
+    const __m256i magnitude = _mm256_set1_epi16(0x7FFF), shift = _mm256_set1_epi16(offset);
+    __m256i best = shift;
+    for (; i + 16 <= n; i += 16) {
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(in + i));
+        best = _mm256_max_epi16(best, _mm256_add_epi16(_mm256_and_si256(x, magnitude), shift));
+    }
+    m = _mm_max_epi16(m, _mm_max_epi16(_mm256_castsi256_si128(best), _mm256_extracti128_si256(best, 1)));
+    if (i < n) {
+        const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i *>(in + i));
+        m = _mm_max_epi16(m, _mm_add_epi16(_mm_and_si128(x, _mm256_castsi256_si128(magnitude)),
+                                           _mm256_castsi256_si128(shift)));
+    }
+    m = _mm_max_epi16(m, _mm_srli_si128(m, 8));
+    m = _mm_max_epi16(m, _mm_srli_si128(m, 4));
+    m = _mm_max_epi16(m, _mm_srli_si128(m, 2));
+    const auto bits = static_cast<uint16_t>(_mm_extract_epi16(m, 0) - offset);
+    if (dt == data_type::f16) return _cvtsh_ss(bits);
+    const uint32_t f = static_cast<uint32_t>(bits) << 16;
+    float x;
+    std::memcpy(&x, &f, sizeof x);
+    return x;
+}
+
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 template <> struct codec<avx512_f32> {
-    static constexpr bool encodes_16bit_input = false; // FP8 from 16-bit rows through an f32 copy
     using reg = __m512;
     using ireg = __m512i;
     static ireg bits(reg x) { return _mm512_castps_si512(x); }
@@ -110,6 +154,35 @@ template <> struct codec<avx512_f32> {
         const reg s = _mm512_set1_ps(scale);
         for (dim i = 0; i < n; i += 16)
             store_fp8<is_e4m3>(dst + i, div(_mm512_loadu_ps(src + i), s));
+    }
+    // Rows of bf16 or f16 values go to FP8 without an f32 copy: the amax on their bits, the
+    // conversion inside the encoder.
+    static constexpr bool encodes_16bit_input = true;
+    static float amax_16bit(const void *src, data_type dt, dim n) {
+        return amax_16bit_by<avx512_f32, __m512i>(src, dt, n);
+    }
+    /// The FP8 codes of n bf16 or f16 values x[i] / scale (n a multiple of 16).
+    static void encode_fp8_16bit(const void *src, data_type in_type, dim n, float scale, bool is_e4m3,
+                                 void *dst) {
+        const auto *in = static_cast<const char *>(src);
+        char *out = static_cast<char *>(dst);
+        const reg s = _mm512_set1_ps(scale);
+        auto encode = [&](auto load, auto format) {
+            constexpr bool e4m3 = decltype(format)::value;
+            for (dim i = 0; i < n; i += 16)
+                store_fp8<e4m3>(out + i, div(load(in + 2 * i), s));
+        };
+        auto bf16 = [](const char *p) {
+            const ireg x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)));
+            return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+        };
+        auto f16 = [](const char *p) {
+            return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)));
+        };
+        if (in_type == data_type::bf16)
+            is_e4m3 ? encode(bf16, std::true_type {}) : encode(bf16, std::false_type {});
+        else
+            is_e4m3 ? encode(f16, std::true_type {}) : encode(f16, std::false_type {});
     }
     static void store_bf16(void *dst, reg x) {
         const ireg b = bits(x);
@@ -225,34 +298,8 @@ template <> struct codec<avx2_f32> {
     // Rows of bf16 or f16 values go to FP8 without an f32 copy: the amax on their bits, the
     // conversion inside the encoder.
     static constexpr bool encodes_16bit_input = true;
-    /// The largest finite |x| of n bf16 or f16 values (n a multiple of 8), 0 if none: a signed max
-    /// over the magnitude bits plus an offset that makes exactly the non-finite ones negative (the
-    /// magnitude order of finite values is their bits' order).
     static float amax_16bit(const void *src, data_type dt, dim n) {
-        const auto *in = static_cast<const uint16_t *>(src);
-        const short offset = static_cast<short>(0x8000 - (dt == data_type::bf16 ? 0x7F80 : 0x7C00));
-        const ireg magnitude = _mm256_set1_epi16(0x7FFF), shift = _mm256_set1_epi16(offset);
-        ireg best = shift; // |x| = 0
-        dim i = 0;
-        for (; i + 16 <= n; i += 16) {
-            const ireg x = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(in + i));
-            best = _mm256_max_epi16(best, _mm256_add_epi16(_mm256_and_si256(x, magnitude), shift));
-        }
-        __m128i m = _mm_max_epi16(_mm256_castsi256_si128(best), _mm256_extracti128_si256(best, 1));
-        if (i < n) {
-            const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i *>(in + i));
-            m = _mm_max_epi16(m, _mm_add_epi16(_mm_and_si128(x, _mm256_castsi256_si128(magnitude)),
-                                               _mm256_castsi256_si128(shift)));
-        }
-        m = _mm_max_epi16(m, _mm_srli_si128(m, 8));
-        m = _mm_max_epi16(m, _mm_srli_si128(m, 4));
-        m = _mm_max_epi16(m, _mm_srli_si128(m, 2));
-        const auto bits = static_cast<uint16_t>(_mm_extract_epi16(m, 0) - offset);
-        if (dt == data_type::f16) return _cvtsh_ss(bits);
-        const uint32_t f = static_cast<uint32_t>(bits) << 16;
-        float x;
-        std::memcpy(&x, &f, sizeof x);
-        return x;
+        return amax_16bit_by<avx2_f32, __m256i>(src, dt, n);
     }
     /// The FP8 codes of n bf16 or f16 values x[i] / scale.
     static void encode_fp8_16bit(const void *src, data_type in_type, dim n, float scale, bool is_e4m3,
