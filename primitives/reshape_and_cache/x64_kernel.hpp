@@ -125,64 +125,49 @@ template <> struct codec<avx512_f32> {
         const ireg m = _mm512_and_si512(bits(x), set1i(0x7FFFFFFF));
         return _mm512_castsi512_ps(_mm512_maskz_mov_epi32(_mm512_cmplt_epi32_mask(m, set1i(0x7F800000)), m));
     }
-    /// The FP8 codes of x, one per 32-bit lane.
-    template <bool is_e4m3> static ireg fp8_codes(reg x) {
+    static constexpr dim width = 16;
+    static reg set1(float x) { return _mm512_set1_ps(x); }
+    static reg zero() { return _mm512_setzero_ps(); }
+    static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
+    static reg load_f32(const char *p) { return _mm512_loadu_ps(reinterpret_cast<const float *>(p)); }
+    static reg load_bf16(const char *p) {
+        const ireg x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+    }
+    static reg load_f16(const char *p) {
+        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)));
+    }
+    // As codec<avx2_f32>::fp8_grid_f16, 16 values.
+    template <bool is_e4m3> static __m256i fp8_grid_f16(reg y) {
         using F = fp8_format<is_e4m3>;
-        const ireg magnitude = _mm512_and_si512(bits(x), set1i(0x7FFFFFFF));
-        const ireg sign = _mm512_and_si512(_mm512_srli_epi32(bits(x), 24), set1i(0x80));
-        // Normal range: add half an ulp minus one plus the kept lsb (ties to even), truncate.
-        const ireg lsb = _mm512_and_si512(_mm512_srli_epi32(magnitude, F::drop), set1i(1));
-        const ireg rounded =
-                _mm512_add_epi32(_mm512_add_epi32(magnitude, set1i((1 << (F::drop - 1)) - 1)), lsb);
-        const ireg normal = _mm512_sub_epi32(_mm512_srli_epi32(rounded, F::drop), set1i(F::rebias));
-        // Subnormal range: the scaling is exact, so is the rounding to an integer.
-        const reg units = _mm512_mul_ps(_mm512_castsi512_ps(magnitude), _mm512_set1_ps(F::unit_scale));
-        const ireg subnormal = _mm512_cvttps_epi32(
-                _mm512_roundscale_ps(units, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        const __mmask16 is_subnormal = _mm512_cmplt_epi32_mask(magnitude, set1i(F::min_normal_biased << 23));
-        ireg code = _mm512_mask_mov_epi32(normal, is_subnormal, subnormal);
-        code = _mm512_min_epi32(code, set1i(F::max_code));
-        code = _mm512_mask_mov_epi32(code, _mm512_cmpgt_epi32_mask(magnitude, set1i(0x7F800000)),
-                                     set1i(F::nan_code));
-        return _mm512_or_si512(code, sign);
+        const reg magnitude = _mm512_castsi512_ps(_mm512_and_si512(bits(y), set1i(0x7FFFFFFF)));
+        const reg clamped = _mm512_min_ps(_mm512_set1_ps(F::max_f16_domain), magnitude);
+        const ireg exponent = _mm512_max_epi32(_mm512_and_si512(bits(clamped), set1i(0x7F800000)),
+                                               set1i(0x38800000)); // 2^-14, f16's smallest normal
+        const reg c = _mm512_castsi512_ps(_mm512_add_epi32(exponent, set1i(F::drop << 23)));
+        return _mm512_cvtps_ph(_mm512_sub_ps(_mm512_add_ps(clamped, c), c),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     }
-    template <bool is_e4m3> static void store_fp8(void *dst, reg x) {
-        _mm_storeu_si128(static_cast<__m128i *>(dst), _mm512_cvtepi32_epi8(fp8_codes<is_e4m3>(x)));
-    }
-    /// FP8 codes of src[i] / scale for n values (n a multiple of 16).
-    template <bool is_e4m3> static void encode_fp8(const float *src, dim n, float scale, char *dst) {
-        const reg s = _mm512_set1_ps(scale);
-        for (dim i = 0; i < n; i += 16)
-            store_fp8<is_e4m3>(dst + i, div(_mm512_loadu_ps(src + i), s));
+    /// The FP8 codes of 32 f16-domain values, q(0) and q(1) (see codec<avx2_f32>::fp8_codes32).
+    template <bool is_e4m3, typename Quotients> static __m256i fp8_codes32(Quotients q) {
+        using F = fp8_format<is_e4m3>;
+        const reg y0 = q(0), y1 = q(1);
+        const ireg h = _mm512_inserti64x4(_mm512_castsi256_si512(fp8_grid_f16<is_e4m3>(y0)),
+                                          fp8_grid_f16<is_e4m3>(y1), 1);
+        // NaNs' f16 codes lie above the NaN code, finite ones at or below the largest finite code.
+        const __m256i magnitudes =
+                _mm256_min_epu8(_mm512_cvtepi16_epi8(_mm512_srli_epi16(h, is_e4m3 ? 7 : 8)),
+                                _mm256_set1_epi8(static_cast<char>(F::nan_code)));
+        const __mmask32 negative = _mm512_kunpackw(_mm512_cmplt_epi32_mask(bits(y1), _mm512_setzero_si512()),
+                                                   _mm512_cmplt_epi32_mask(bits(y0), _mm512_setzero_si512()));
+        return _mm256_mask_mov_epi8(magnitudes, negative,
+                                    _mm256_or_si256(magnitudes, _mm256_set1_epi8(static_cast<char>(0x80))));
     }
     // Rows of bf16 or f16 values go to FP8 without an f32 copy: the amax on their bits, the
     // conversion inside the encoder.
     static constexpr bool encodes_16bit_input = true;
     static float amax_16bit(const void *src, data_type dt, dim n) {
         return amax_16bit_by<avx512_f32, __m512i>(src, dt, n);
-    }
-    /// The FP8 codes of n bf16 or f16 values x[i] / scale (n a multiple of 16).
-    static void encode_fp8_16bit(const void *src, data_type in_type, dim n, float scale, bool is_e4m3,
-                                 void *dst) {
-        const auto *in = static_cast<const char *>(src);
-        char *out = static_cast<char *>(dst);
-        const reg s = _mm512_set1_ps(scale);
-        auto encode = [&](auto load, auto format) {
-            constexpr bool e4m3 = decltype(format)::value;
-            for (dim i = 0; i < n; i += 16)
-                store_fp8<e4m3>(out + i, div(load(in + 2 * i), s));
-        };
-        auto bf16 = [](const char *p) {
-            const ireg x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)));
-            return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
-        };
-        auto f16 = [](const char *p) {
-            return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)));
-        };
-        if (in_type == data_type::bf16)
-            is_e4m3 ? encode(bf16, std::true_type {}) : encode(bf16, std::false_type {});
-        else
-            is_e4m3 ? encode(f16, std::true_type {}) : encode(f16, std::false_type {});
     }
     static void store_bf16(void *dst, reg x) {
         const ireg b = bits(x);
@@ -238,9 +223,23 @@ template <> struct codec<avx2_f32> {
         return _mm256_cvtps_ph(rounded, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     }
     static ireg set1_byte(int x) { return _mm256_set1_epi8(static_cast<char>(x)); }
-    // The FP8 codes of y0..y3 (f16-domain values, see fp8_grid_f16), 32 bytes in order.
-    template <bool is_e4m3> static ireg fp8_codes(reg y0, reg y1, reg y2, reg y3) {
+    static constexpr dim width = 8;
+    static reg set1(float x) { return _mm256_set1_ps(x); }
+    static reg zero() { return _mm256_setzero_ps(); }
+    static reg div(reg a, reg b) { return _mm256_div_ps(a, b); }
+    static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
+    static reg load_f32(const char *p) { return _mm256_loadu_ps(reinterpret_cast<const float *>(p)); }
+    static reg load_bf16(const char *p) {
+        const ireg x = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+    }
+    static reg load_f16(const char *p) {
+        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
+    }
+    // The FP8 codes of 32 f16-domain values (see fp8_grid_f16), q(0) .. q(3), 32 bytes in order.
+    template <bool is_e4m3, typename Quotients> static ireg fp8_codes32(Quotients q) {
         using F = fp8_format<is_e4m3>;
+        const reg y0 = q(0), y1 = q(1), y2 = q(2), y3 = q(3);
         constexpr int shift = is_e4m3 ? 7 : 8;
         const ireg low = _mm256_srli_epi16(
                 _mm256_set_m128i(fp8_grid_f16<is_e4m3>(y1), fp8_grid_f16<is_e4m3>(y0)), shift);
@@ -258,68 +257,11 @@ template <> struct codec<avx2_f32> {
                                             _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         return _mm256_or_si256(magnitudes, _mm256_and_si256(signs, set1_byte(0x80)));
     }
-    /// FP8 codes of x[i] / scale for n values (n a multiple of 8; `load(i)`: x[i .. i + 7] as f32),
-    /// 32 at a time, the last 8 to 24 through zero vectors and a buffer.
-    template <bool is_e4m3, typename Load>
-    static void encode_fp8_loaded(Load load, dim n, float scale, char *dst) {
-        // e4m3 divides by scale * 2^8 (exact) to land in the f16 domain: the quotient is the f32
-        // quotient times 2^-8 wherever an FP8 code depends on it (it is below 2^-118 elsewhere). A
-        // scale whose 2^8 multiple overflows divides by itself and multiplies after.
-        const float shifted = is_e4m3 ? scale * 256.f : scale;
-        if (shifted <= FLT_MAX)
-            encode_fp8_divided<is_e4m3, false>(load, n, _mm256_set1_ps(shifted), dst);
-        else
-            encode_fp8_divided<is_e4m3, true>(load, n, _mm256_set1_ps(scale), dst);
-    }
-    template <bool is_e4m3, bool then_by_256, typename Load>
-    static void encode_fp8_divided(Load load, dim n, reg divisor, char *dst) {
-        auto quotient = [&](dim i) {
-            const reg q = _mm256_div_ps(load(i), divisor);
-            return then_by_256 ? _mm256_mul_ps(q, _mm256_set1_ps(1.f / 256.f)) : q;
-        };
-        dim i = 0;
-        for (; i + 32 <= n; i += 32)
-            _mm256_storeu_si256(
-                    reinterpret_cast<__m256i *>(dst + i),
-                    fp8_codes<is_e4m3>(quotient(i), quotient(i + 8), quotient(i + 16), quotient(i + 24)));
-        if (i == n) return;
-        const reg zero = _mm256_setzero_ps();
-        const dim rest = n - i;
-        alignas(32) unsigned char codes[32];
-        _mm256_store_si256(reinterpret_cast<__m256i *>(codes),
-                           fp8_codes<is_e4m3>(quotient(i), rest > 8 ? quotient(i + 8) : zero,
-                                              rest > 16 ? quotient(i + 16) : zero, zero));
-        std::memcpy(dst + i, codes, static_cast<size_t>(rest));
-    }
-    template <bool is_e4m3> static void encode_fp8(const float *src, dim n, float scale, char *dst) {
-        encode_fp8_loaded<is_e4m3>([src](dim i) { return _mm256_loadu_ps(src + i); }, n, scale, dst);
-    }
-
     // Rows of bf16 or f16 values go to FP8 without an f32 copy: the amax on their bits, the
     // conversion inside the encoder.
     static constexpr bool encodes_16bit_input = true;
     static float amax_16bit(const void *src, data_type dt, dim n) {
         return amax_16bit_by<avx2_f32, __m256i>(src, dt, n);
-    }
-    /// The FP8 codes of n bf16 or f16 values x[i] / scale.
-    static void encode_fp8_16bit(const void *src, data_type in_type, dim n, float scale, bool is_e4m3,
-                                 void *dst) {
-        const auto *in = static_cast<const char *>(src);
-        char *out = static_cast<char *>(dst);
-        auto bf16 = [in](dim i) {
-            const ireg x =
-                    _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(in + 2 * i)));
-            return _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
-        };
-        auto f16 = [in](dim i) {
-            return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(in + 2 * i)));
-        };
-        if (in_type == data_type::bf16)
-            is_e4m3 ? encode_fp8_loaded<true>(bf16, n, scale, out)
-                    : encode_fp8_loaded<false>(bf16, n, scale, out);
-        else
-            is_e4m3 ? encode_fp8_loaded<true>(f16, n, scale, out)
-                    : encode_fp8_loaded<false>(f16, n, scale, out);
     }
     // The low 16 bits of each lane (values in [0, 65535]), as 8 packed 16-bit values.
     static __m128i narrow16(ireg x) {
@@ -346,14 +288,66 @@ template <> struct codec<avx2_f32> {
 };
 #endif
 
+/// FP8 codes of x[i] / scale for n values (n a multiple of C::width; `load(i)`: x[i ..] as f32),
+/// 32 at a time by C::fp8_codes32, the last 8 to 24 through zero vectors and a buffer.
+template <typename C, bool is_e4m3, bool then_by_256, typename Load>
+void encode_fp8_divided(Load load, dim n, typename C::reg divisor, char *dst) {
+    using reg = typename C::reg;
+    auto quotient = [&](dim i) {
+        const reg q = C::div(load(i), divisor);
+        return then_by_256 ? C::mul(q, C::set1(1.f / 256.f)) : q;
+    };
+    dim i = 0;
+    for (; i + 32 <= n; i += 32)
+        _mm256_storeu_si256(
+                reinterpret_cast<__m256i *>(dst + i),
+                C::template fp8_codes32<is_e4m3>([&](dim k) { return quotient(i + k * C::width); }));
+    if (i == n) return;
+    alignas(32) unsigned char codes[32];
+    _mm256_store_si256(reinterpret_cast<__m256i *>(codes), C::template fp8_codes32<is_e4m3>([&](dim k) {
+                           return i + k * C::width < n ? quotient(i + k * C::width) : C::zero();
+                       }));
+    std::memcpy(dst + i, codes, static_cast<size_t>(n - i));
+}
+
+template <typename C, bool is_e4m3, typename Load>
+void encode_fp8_loaded(Load load, dim n, float scale, char *dst) {
+    // e4m3 divides by scale * 2^8 (exact) to land in the f16 domain of fp8_grid_f16: the quotient
+    // is the f32 quotient times 2^-8 wherever an FP8 code depends on it (it is below 2^-118
+    // elsewhere). A scale whose 2^8 multiple overflows divides by itself and multiplies after.
+    const float shifted = is_e4m3 ? scale * 256.f : scale;
+    if (shifted <= FLT_MAX)
+        encode_fp8_divided<C, is_e4m3, false>(load, n, C::set1(shifted), dst);
+    else
+        encode_fp8_divided<C, is_e4m3, true>(load, n, C::set1(scale), dst);
+}
+
+/// The FP8 codes of n values of type in_type (f32, bf16, f16) x[i] / scale.
+template <typename C>
+void encode_fp8(const void *src, data_type in_type, dim n, float scale, bool is_e4m3, void *dst) {
+    const auto *in = static_cast<const char *>(src);
+    char *out = static_cast<char *>(dst);
+    auto encode = [&](auto load) {
+        is_e4m3 ? encode_fp8_loaded<C, true>(load, n, scale, out)
+                : encode_fp8_loaded<C, false>(load, n, scale, out);
+    };
+    switch (in_type) {
+        case data_type::bf16: encode([in](dim i) { return C::load_bf16(in + 2 * i); }); break;
+        case data_type::f16: encode([in](dim i) { return C::load_f16(in + 2 * i); }); break;
+        default: encode([in](dim i) { return C::load_f32(in + 4 * i); }); break;
+    }
+}
+
 /// Encodes n values (n a multiple of V::width) into cache type dt: FP8 encodes src / scale, the other
 /// types ignore the scale.
 template <typename V> void encode_row(const float *src, dim n, float scale, data_type dt, void *dst) {
     using C = codec<V>;
     char *out = static_cast<char *>(dst);
     switch (dt) {
-        case data_type::f8_e4m3: C::template encode_fp8<true>(src, n, scale, out); break;
-        case data_type::f8_e5m2: C::template encode_fp8<false>(src, n, scale, out); break;
+        case data_type::f8_e4m3:
+        case data_type::f8_e5m2:
+            encode_fp8<C>(src, data_type::f32, n, scale, dt == data_type::f8_e4m3, out);
+            break;
         case data_type::bf16:
             for (dim i = 0; i < n; i += V::width)
                 C::store_bf16(out + 2 * i, V::load(src + i));
@@ -464,8 +458,8 @@ void encode_input_row(const reshape_and_cache_problem &p, const void *in, data_t
     if constexpr (C::encodes_16bit_input) {
         if (is_fp8(dt) && in_type != data_type::f32) {
             const float m = amax ? C::amax_16bit(in, in_type, n) : 0.f;
-            C::encode_fp8_16bit(in, in_type, n, row_scale(p, m, is_value, scales, block, head, offset),
-                                dt == data_type::f8_e4m3, dst);
+            encode_fp8<C>(in, in_type, n, row_scale(p, m, is_value, scales, block, head, offset),
+                          dt == data_type::f8_e4m3, dst);
             return;
         }
     }
@@ -637,8 +631,8 @@ void store_group(const reshape_and_cache_problem &p, const reshape_and_cache_arg
             for (dim j = 0; j < packed_group; ++j)
                 row_scales[j] = row_scale(p, row_scales[j], is_value, scales, block, head, offset0 + j);
             for (dim j = 0; j < packed_group; ++j)
-                codec<V>::encode_fp8_16bit(input_row(j), in_type, n, row_scales[j], dt == data_type::f8_e4m3,
-                                           rows + j * n * es);
+                encode_fp8<codec<V>>(input_row(j), in_type, n, row_scales[j], dt == data_type::f8_e4m3,
+                                     rows + j * n * es);
             encoded = true;
         }
     }
