@@ -596,7 +596,7 @@ void write_packed_group(const unsigned char *rows, dim n, bool is_value, dim off
 
 // 16 tokens filling one group of a packed cache: each row encoded (its scale found on the way) into
 // `rows`, then the group written at once.
-// `next_t0`, `next_head`: the group the caller stores next from this input (K or V), whose rows are
+// `next_t0`, `next_head`: a group the caller stores soon from this input (K or V), whose rows are
 // prefetched while this one encodes (next_t0 < 0: none). Without it the first pass over each row
 // (the amax) waited for memory: one thread read ~10 GB/s.
 template <typename V>
@@ -702,15 +702,13 @@ template <typename V> void execute(const reshape_and_cache_problem &p, const res
                 if (both_packed && t + packed_group <= last && whole_group(t)) {
                     const dim slot = slot_of(t), block = slot / p.block_size, offset0 = slot % p.block_size;
                     for (dim h = h0; h < h1; ++h) {
-                        // Next: this group's next head, else the next tokens' first (if a group).
-                        const bool last_head = h + 1 == h1;
-                        const dim next_t0 = !last_head                     ? t
-                                            : t + 2 * packed_group <= last ? t + packed_group
-                                                                           : -1;
-                        const dim next_head = last_head ? h0 : h + 1;
-                        store_group<V>(p, a, t, h, false, block, offset0, row, group_rows, next_t0,
-                                       next_head);
-                        store_group<V>(p, a, t, h, true, block, offset0, row, group_rows, next_t0, next_head);
+                        // Prefetched: the rows `ahead` heads on, in the next tokens past the last head.
+                        constexpr dim ahead = 2;
+                        const dim next_t0 = t + (h - h0 + ahead) / (h1 - h0) * packed_group;
+                        const dim next = next_t0 + packed_group <= last ? next_t0 : -1;
+                        const dim next_head = h0 + (h - h0 + ahead) % (h1 - h0);
+                        store_group<V>(p, a, t, h, false, block, offset0, row, group_rows, next, next_head);
+                        store_group<V>(p, a, t, h, true, block, offset0, row, group_rows, next, next_head);
                     }
                     t += packed_group;
                     continue;
