@@ -305,38 +305,49 @@ void packed_scores(const char *k_group, dim k_size, const float *q, dim d, float
             V::store(out + r * out_stride + v * width, s[r][v]);
 }
 
-// Scores by bf16 pair products: q_pairs holds the N rows' q as bf16 pairs, pair-major (pair i of
-// row r at i * N + r); the scores are multiplied by `factor` (the softmax scale and any folded K scale) after
-// the sums. vdpbf16ps takes several cycles and issues twice per cycle: with few rows each row's sum is split
-// over `chains` accumulators (the pairs taken in turn), so that 12 to 16 sums are in flight.
-template <typename V, int N, data_type k_type>
-void packed_pair_scores(const char *k_group, dim k_size, const uint32_t *q_pairs, dim d, float factor,
-                        float *out, dim out_stride, dim ahead) {
+// Scores by bf16 pair products of N rows against G 16-token groups: q_pairs holds the rows' q as
+// bf16 pairs, pair-major (pair i of row r at i * N + r); the scores are multiplied by `factor` (the
+// softmax scale and any folded K scale) after the sums. Each q broadcast serves the G groups, each
+// key the N rows. vdpbf16ps takes several cycles: with few sums (N x G) each is split over `chains`
+// accumulators (the pairs taken in turn), so that 12 to 16 are in flight.
+template <typename V, int N, int G, data_type k_type>
+void packed_pair_scores(const char *const *k_groups, dim k_size, const uint32_t *q_pairs, dim d, float factor,
+                        float *out, dim out_stride, const dim *ahead) {
     using R = typename V::reg;
-    constexpr int chains = N >= 12 ? 1 : N >= 6 ? 2 : N >= 3 ? 4 : 8; // d / 2 is a multiple of 8
-    R s[N][chains];
+    constexpr int sums = N * G, chains = sums >= 12 ? 1 : sums >= 6 ? 2 : sums >= 3 ? 4 : 8; // d / 2: 8 x
+    R s[N][G][chains];
     for (int r = 0; r < N; ++r)
-        for (int c = 0; c < chains; ++c)
-            s[r][c] = V::zero();
+        for (int g = 0; g < G; ++g)
+            for (int c = 0; c < chains; ++c)
+                s[r][g][c] = V::zero();
     for (dim pair = 0; pair < d / 2; pair += chains)
         for (int c = 0; c < chains; ++c) {
-            const char *k_pairs = k_group + (pair + c) * 32 * k_size; // 64 bytes (bf16) or 32 (FP8)
-            const typename V::pairs k = V::load_bf16_pairs(k_pairs, k_type);
-            if (k_type == data_type::bf16 || (pair + c) % 2 == 0) prefetch_ahead(k_pairs, ahead);
-            for (int r = 0; r < N; ++r)
-                s[r][c] = V::dot_pairs(s[r][c], q_pairs[(pair + c) * N + r], k);
+            typename V::pairs k[G];
+            for (int g = 0; g < G; ++g) {
+                const char *k_pairs = k_groups[g] + (pair + c) * 32 * k_size; // 64 bytes (bf16) or 32 (FP8)
+                k[g] = V::load_bf16_pairs(k_pairs, k_type);
+                if (k_type == data_type::bf16 || (pair + c) % 2 == 0) prefetch_ahead(k_pairs, ahead[g]);
+            }
+            for (int r = 0; r < N; ++r) {
+                const typename V::pairs q = V::broadcast_pair(q_pairs[(pair + c) * N + r]);
+                for (int g = 0; g < G; ++g)
+                    s[r][g][c] = V::dot_pairs(s[r][g][c], q, k[g]);
+            }
         }
-    for (int r = 0; r < N; ++r) {
-        for (int c = 1; c < chains; ++c)
-            s[r][0] = V::add(s[r][0], s[r][c]);
-        V::store(out + r * out_stride, V::mul(s[r][0], V::set1(factor)));
-    }
+    for (int r = 0; r < N; ++r)
+        for (int g = 0; g < G; ++g) {
+            for (int c = 1; c < chains; ++c)
+                s[r][g][0] = V::add(s[r][g][0], s[r][g][c]);
+            V::store(out + r * out_stride + g * 16, V::mul(s[r][g][0], V::set1(factor)));
+        }
 }
 
-// Rows per score pass with pair products: up to 16 (a verify step's 4 tokens x 4 q heads in one),
-// so that each FP8 key decoded serves them all.
-inline dim pair_row_block(dim remaining_rows) {
-    return remaining_rows >= 16 ? 16 : remaining_rows >= 8 ? 8 : std::min<dim>(4, remaining_rows);
+// Rows per score pass with pair products. bf16 keys: up to 4, each pass against up to 4 groups (a
+// q broadcast and a key load serve 4 products). FP8 keys: up to 16 (a verify step's 4 tokens x 4 q
+// heads in one), one group at a time, so that each key decoded serves them all.
+inline dim pair_row_block(dim remaining_rows, data_type k_type) {
+    if (k_type != data_type::bf16 && remaining_rows >= 8) return remaining_rows >= 16 ? 16 : 8;
+    return std::min<dim>(4, remaining_rows);
 }
 
 constexpr int max_chunk_groups = packed_chunk / 16;
@@ -480,24 +491,46 @@ void packed_scores_of(data_type k_type, bool nan_free, const char *k_group, dim 
     }
 }
 
-template <typename V, int N>
-void packed_pair_scores_of(data_type k_type, const char *k_group, dim k_size, const uint32_t *q_pairs, dim d,
-                           float factor, float *out, dim out_stride, dim ahead) {
+// N rows against G groups, the key type as a template argument.
+template <typename V, int N, int G>
+void packed_pair_scores_of(data_type k_type, const char *const *k_groups, dim k_size, const uint32_t *q_pairs,
+                           dim d, float factor, float *out, dim out_stride, const dim *ahead) {
     if constexpr (V::pair_products) {
         switch (k_type) {
             case data_type::bf16:
-                packed_pair_scores<V, N, data_type::bf16>(k_group, k_size, q_pairs, d, factor, out,
-                                                          out_stride, ahead);
+                packed_pair_scores<V, N, G, data_type::bf16>(k_groups, k_size, q_pairs, d, factor, out,
+                                                             out_stride, ahead);
                 break;
             case data_type::f8_e4m3:
-                packed_pair_scores<V, N, data_type::f8_e4m3>(k_group, k_size, q_pairs, d, factor, out,
-                                                             out_stride, ahead);
+                packed_pair_scores<V, N, G, data_type::f8_e4m3>(k_groups, k_size, q_pairs, d, factor, out,
+                                                                out_stride, ahead);
                 break;
             default:
-                packed_pair_scores<V, N, data_type::f8_e5m2>(k_group, k_size, q_pairs, d, factor, out,
-                                                             out_stride, ahead);
+                packed_pair_scores<V, N, G, data_type::f8_e5m2>(k_groups, k_size, q_pairs, d, factor, out,
+                                                                out_stride, ahead);
                 break;
         }
+    }
+}
+
+// N rows (1 to 4) against the chunk's groups, 4, 2 or 1 at a time.
+template <typename V, int N>
+void packed_pair_scores_groups(data_type k_type, const char *const *k_groups, dim groups, dim k_size,
+                               const uint32_t *q_pairs, dim d, float factor, float *out, dim out_stride,
+                               const dim *ahead) {
+    for (dim g = 0; g < groups;) {
+        const dim n = groups - g >= 4 ? 4 : groups - g >= 2 ? 2 : 1;
+        float *o = out + g * 16;
+        if (n == 4)
+            packed_pair_scores_of<V, N, 4>(k_type, k_groups + g, k_size, q_pairs, d, factor, o, out_stride,
+                                           ahead + g);
+        else if (n == 2)
+            packed_pair_scores_of<V, N, 2>(k_type, k_groups + g, k_size, q_pairs, d, factor, o, out_stride,
+                                           ahead + g);
+        else
+            packed_pair_scores_of<V, N, 1>(k_type, k_groups + g, k_size, q_pairs, d, factor, o, out_stride,
+                                           ahead + g);
+        g += n;
     }
 }
 
@@ -590,7 +623,7 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
             row_major[i / 2] = low >> 16 | (high & 0xFFFF0000u);
         }
         for (dim r0 = 0, n; r0 < rows; r0 += n) {
-            n = pair_row_block(rows - r0);
+            n = pair_row_block(rows - r0, k_type);
             for (dim pair = 0; pair < d / 2; ++pair)
                 for (dim r = 0; r < n; ++r)
                     q_pairs[r0 * (d / 2) + pair * n + r] = row_major[(r0 + r) * (d / 2) + pair];
@@ -667,39 +700,35 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         };
         if constexpr (V::pair_products) {
             for (dim r0 = 0; r0 < rows;) {
-                const dim n = pair_row_block(rows - r0);
+                const dim n = pair_row_block(rows - r0, k_type), groups = tokens / 16;
                 const uint32_t *qr = q_pairs + r0 * (d / 2);
-                for (dim g = 0; g < tokens / 16; ++g) {
-                    const char *k_group = chunk.k[g];
-                    float *out = probability + r0 * packed_chunk + g * 16;
-                    const float f = info.q_factor;
-                    const dim ahead = k_ahead[g];
-                    switch (n) {
-                        case 16:
-                            packed_pair_scores_of<V, 16>(k_type, k_group, k_size, qr, d, f, out, packed_chunk,
-                                                         ahead);
-                            break;
-                        case 8:
-                            packed_pair_scores_of<V, 8>(k_type, k_group, k_size, qr, d, f, out, packed_chunk,
-                                                        ahead);
-                            break;
-                        case 4:
-                            packed_pair_scores_of<V, 4>(k_type, k_group, k_size, qr, d, f, out, packed_chunk,
-                                                        ahead);
-                            break;
-                        case 3:
-                            packed_pair_scores_of<V, 3>(k_type, k_group, k_size, qr, d, f, out, packed_chunk,
-                                                        ahead);
-                            break;
-                        case 2:
-                            packed_pair_scores_of<V, 2>(k_type, k_group, k_size, qr, d, f, out, packed_chunk,
-                                                        ahead);
-                            break;
-                        default:
-                            packed_pair_scores_of<V, 1>(k_type, k_group, k_size, qr, d, f, out, packed_chunk,
-                                                        ahead);
-                            break;
-                    }
+                float *out = probability + r0 * packed_chunk;
+                const float f = info.q_factor;
+                switch (n) {
+                    case 16: // one group at a time
+                    case 8:
+                        for (dim g = 0; g < groups; ++g)
+                            (n == 16 ? packed_pair_scores_of<V, 16, 1>
+                                     : packed_pair_scores_of<V, 8, 1>)(k_type, chunk.k + g, k_size, qr, d, f,
+                                                                       out + g * 16, packed_chunk,
+                                                                       k_ahead + g);
+                        break;
+                    case 4:
+                        packed_pair_scores_groups<V, 4>(k_type, chunk.k, groups, k_size, qr, d, f, out,
+                                                        packed_chunk, k_ahead);
+                        break;
+                    case 3:
+                        packed_pair_scores_groups<V, 3>(k_type, chunk.k, groups, k_size, qr, d, f, out,
+                                                        packed_chunk, k_ahead);
+                        break;
+                    case 2:
+                        packed_pair_scores_groups<V, 2>(k_type, chunk.k, groups, k_size, qr, d, f, out,
+                                                        packed_chunk, k_ahead);
+                        break;
+                    default:
+                        packed_pair_scores_groups<V, 1>(k_type, chunk.k, groups, k_size, qr, d, f, out,
+                                                        packed_chunk, k_ahead);
+                        break;
                 }
                 r0 += n;
             }

@@ -373,10 +373,12 @@ struct avx512_bf16_f32 : avx512_f32 {
         if (dt == data_type::bf16) return (pairs)_mm512_loadu_si512(p);
         return (pairs)load_fp8_as_bf16(p, dt);
     }
-    /// acc + q0 * k.first + q1 * k.second for 16 pairs; q_pair holds (q0, q1) as bf16 bits.
-    static reg dot_pairs(reg acc, uint32_t q_pair, pairs k) {
-        return _mm512_dpbf16_ps(acc, (pairs)_mm512_set1_epi32(static_cast<int>(q_pair)), k);
+    /// (q0, q1), given as bf16 bits, in every lane.
+    static pairs broadcast_pair(uint32_t q_pair) {
+        return (pairs)_mm512_set1_epi32(static_cast<int>(q_pair));
     }
+    /// acc + q.first * k.first + q.second * k.second for 16 pairs.
+    static reg dot_pairs(reg acc, pairs q, pairs k) { return _mm512_dpbf16_ps(acc, q, k); }
 };
 #endif
 
