@@ -783,6 +783,8 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
             if (o.soft_cap > 0.f)
                 for (dim j = 0; j < tokens; ++j)
                     pr[j] = o.soft_cap * std::tanh(pr[j] / o.soft_cap);
+            // Chunks the row sees whole (all but a range's edges) skip the lane masks.
+            const bool whole = visible.begin <= c0 && visible.end >= c1;
             R chunk_max = V::set1(minus_infinity);
             for (dim v = 0; v < tokens; v += width) {
                 const R j = V::add(lane, V::set1(static_cast<float>(v)));
@@ -790,25 +792,34 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                 if (a.alibi_slopes)
                     x = V::fma(V::set1(a.alibi_slopes[head]),
                                V::add(j, V::set1(-static_cast<float>(position))), x);
-                x = V::select(V::in_range(j, lo, hi), x, V::set1(minus_infinity));
+                if (!whole) x = V::select(V::in_range(j, lo, hi), x, V::set1(minus_infinity));
                 V::store(pr + v, x);
                 chunk_max = V::max(chunk_max, x);
             }
             const float new_max = std::max(row_max[r], V::reduce_max(chunk_max));
-            correction[r] = std::exp(row_max[r] - new_max);
+            // (an unchanged finite maximum, most chunks of a long range, needs no exp)
+            correction[r] =
+                    row_max[r] == new_max && std::isfinite(new_max) ? 1.f : std::exp(row_max[r] - new_max);
             row_sum[r] *= correction[r];
             row_max[r] = new_max;
             R sum = V::zero();
             for (dim v = 0; v < tokens; v += width) {
-                const R j = V::add(lane, V::set1(static_cast<float>(v)));
-                const typename V::mask visible_lanes = V::in_range(j, lo, hi);
                 R weight = exp_negative<V>(V::add(V::load(pr + v), V::set1(-new_max)));
-                sum = V::add(sum, V::select(visible_lanes, weight, V::zero()));
+                if (!whole) {
+                    const R j = V::add(lane, V::set1(static_cast<float>(v)));
+                    weight = V::select(V::in_range(j, lo, hi), weight, V::zero());
+                }
+                sum = V::add(sum, weight);
                 // Per-token V scales weigh the values, not the softmax denominator. Masked lanes
-                // become exact zeros (their scales may be unwritten).
-                if (info.v_per_token)
-                    weight = V::mul(weight, V::load(a.v_scales + chunk.scale[v / 16] + v % 16));
-                V::store(pr + v, V::select(visible_lanes, weight, V::zero()));
+                // are exact zeros (their scales may be unwritten, and stay out of the product).
+                if (info.v_per_token) {
+                    const R scaled = V::mul(weight, V::load(a.v_scales + chunk.scale[v / 16] + v % 16));
+                    weight = whole ? scaled
+                                   : V::select(V::in_range(V::add(lane, V::set1(static_cast<float>(v))), lo,
+                                                           hi),
+                                               scaled, V::zero());
+                }
+                V::store(pr + v, weight);
             }
             row_sum[r] += V::reduce_add(sum);
         }
