@@ -613,6 +613,10 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
     // pass's broadcasts address one pointer: packed in place over the first half of the f32 q
     // (pair i written at index i / 2 <= i after both of its values were read), then reordered
     // into the second half.
+    // FP8 keys read by several passes of pair products are decoded once per chunk into bf16 pairs,
+    // then scored as bf16 keys.
+    const bool pair_keys_decoded_once = V::pair_products && rows > 16 && is_fp8(k_type);
+    const data_type pair_scores_type = pair_keys_decoded_once ? data_type::bf16 : k_type;
     uint32_t *q_pairs = reinterpret_cast<uint32_t *>(q) + rows * d / 2;
     if constexpr (V::pair_products) {
         uint32_t *row_major = reinterpret_cast<uint32_t *>(q);
@@ -623,7 +627,7 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
             row_major[i / 2] = low >> 16 | (high & 0xFFFF0000u);
         }
         for (dim r0 = 0, n; r0 < rows; r0 += n) {
-            n = pair_row_block(rows - r0, k_type);
+            n = pair_row_block(rows - r0, pair_scores_type);
             for (dim pair = 0; pair < d / 2; ++pair)
                 for (dim r = 0; r < n; ++r)
                     q_pairs[r0 * (d / 2) + pair * n + r] = row_major[(r0 + r) * (d / 2) + pair];
@@ -676,16 +680,24 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         // passes of rows read the chunk (prefill, verify, large GQA groups), FP8 and f16 keys are
         // decoded once into L1 (same element order) rather than once per pass: FP8 as bf16, which
         // holds every FP8 value exactly and is the cheapest type to load, f16 as f32.
-        const bool k_once = !V::pair_products && rows > row_block && k_type != data_type::f32 &&
-                            k_type != data_type::bf16;
+        // With pair products, FP8 keys read by more than one 16-row pass (prefill) are decoded
+        // once too, straight into bf16 pairs.
+        const bool k_once = pair_keys_decoded_once || (!V::pair_products && rows > row_block &&
+                                                       k_type != data_type::f32 && k_type != data_type::bf16);
         const data_type k_source_type = !k_once ? k_type : decoded_type(k_type);
         if (k_once) {
             for (dim g = 0; g < chunk.count; ++g)
                 for (dim i = 0; i < 16 * d; i += 2 * width) {
-                    R first, second;
-                    V::load_pair(chunk.k[g] + i * k_size, k_type, first, second);
-                    prefetch_ahead(chunk.k[g] + i * k_size, k_ahead[g]);
-                    store_decoded<V>(k_decoded, k_source_type, g * 16 * d + i, first, second);
+                    const char *source = chunk.k[g] + i * k_size;
+                    if (i * k_size % 64 == 0) prefetch_ahead(source, k_ahead[g]);
+                    if constexpr (V::pair_products) {
+                        V::store_pairs(reinterpret_cast<uint16_t *>(k_decoded) + g * 16 * d + i,
+                                       V::load_bf16_pairs(source, k_type));
+                    } else {
+                        R first, second;
+                        V::load_pair(source, k_type, first, second);
+                        store_decoded<V>(k_decoded, k_source_type, g * 16 * d + i, first, second);
+                    }
                 }
         }
         const dim k_source_size = static_cast<dim>(data_type_size(k_source_type));
@@ -699,8 +711,14 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                           : chunk.k[g];
         };
         if constexpr (V::pair_products) {
+            const char *k_groups[max_chunk_groups];
+            dim ahead[max_chunk_groups];
+            for (dim g = 0; g < chunk.count; ++g) {
+                k_groups[g] = k_group_of(g);
+                ahead[g] = k_once ? 0 : k_ahead[g];
+            }
             for (dim r0 = 0; r0 < rows;) {
-                const dim n = pair_row_block(rows - r0, k_type), groups = tokens / 16;
+                const dim n = pair_row_block(rows - r0, pair_scores_type), groups = tokens / 16;
                 const uint32_t *qr = q_pairs + r0 * (d / 2);
                 float *out = probability + r0 * packed_chunk;
                 const float f = info.q_factor;
@@ -709,25 +727,25 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                     case 8:
                         for (dim g = 0; g < groups; ++g)
                             (n == 16 ? packed_pair_scores_of<V, 16, 1>
-                                     : packed_pair_scores_of<V, 8, 1>)(k_type, chunk.k + g, k_size, qr, d, f,
-                                                                       out + g * 16, packed_chunk,
-                                                                       k_ahead + g);
+                                     : packed_pair_scores_of<V, 8, 1>)(k_source_type, k_groups + g,
+                                                                       k_source_size, qr, d, f, out + g * 16,
+                                                                       packed_chunk, ahead + g);
                         break;
                     case 4:
-                        packed_pair_scores_groups<V, 4>(k_type, chunk.k, groups, k_size, qr, d, f, out,
-                                                        packed_chunk, k_ahead);
+                        packed_pair_scores_groups<V, 4>(k_source_type, k_groups, groups, k_source_size, qr, d,
+                                                        f, out, packed_chunk, ahead);
                         break;
                     case 3:
-                        packed_pair_scores_groups<V, 3>(k_type, chunk.k, groups, k_size, qr, d, f, out,
-                                                        packed_chunk, k_ahead);
+                        packed_pair_scores_groups<V, 3>(k_source_type, k_groups, groups, k_source_size, qr, d,
+                                                        f, out, packed_chunk, ahead);
                         break;
                     case 2:
-                        packed_pair_scores_groups<V, 2>(k_type, chunk.k, groups, k_size, qr, d, f, out,
-                                                        packed_chunk, k_ahead);
+                        packed_pair_scores_groups<V, 2>(k_source_type, k_groups, groups, k_source_size, qr, d,
+                                                        f, out, packed_chunk, ahead);
                         break;
                     default:
-                        packed_pair_scores_groups<V, 1>(k_type, chunk.k, groups, k_size, qr, d, f, out,
-                                                        packed_chunk, k_ahead);
+                        packed_pair_scores_groups<V, 1>(k_source_type, k_groups, groups, k_source_size, qr, d,
+                                                        f, out, packed_chunk, ahead);
                         break;
                 }
                 r0 += n;

@@ -373,6 +373,7 @@ struct avx512_bf16_f32 : avx512_f32 {
         if (dt == data_type::bf16) return (pairs)_mm512_loadu_si512(p);
         return (pairs)load_fp8_as_bf16(p, dt);
     }
+    static void store_pairs(uint16_t *p, pairs k) { _mm512_storeu_si512(p, (__m512i)k); }
     /// (q0, q1), given as bf16 bits, in every lane.
     static pairs broadcast_pair(uint32_t q_pair) {
         return (pairs)_mm512_set1_epi32(static_cast<int>(q_pair));
