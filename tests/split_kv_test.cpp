@@ -1,7 +1,8 @@
 // The step plan and split-KV: a plan built once per step gives the same results as execute's own
 // partition; KV ranges split into 1, 2 and 7 pieces (merged with log-sum-exp) equal the unsplit
-// result within rounding, including pieces that a window hides from some rows; a plan built for
-// another step is rejected; and execute with a plan and a user scratchpad allocates nothing.
+// result within rounding, including pieces that a window hides from some rows and prefill tiles; a
+// plan built for another step is rejected; and execute with a plan and a user scratchpad allocates
+// nothing.
 #include <atomic>
 #include <cstdlib>
 #include <new>
@@ -58,6 +59,9 @@ std::vector<attn_case> split_cases() {
                         .scales(scales::per_kv_head, scales::per_tensor, 0.037f, 5.3f)
                         .non_causal()
                         .cap(50.f));
+    // Prefill tiles of 64 rows split: large partials, many rows per merged group.
+    v.push_back(make_case("prefill_tiles", 8, 2, 128, 16, { { 64, reduced() ? 700 : 1500 } }, format::bf16,
+                          format::bf16, cache_layout::hnd));
     return v;
 }
 
