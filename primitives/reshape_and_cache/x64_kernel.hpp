@@ -1,23 +1,20 @@
 // The x64 reshape_and_cache kernel, written once over an f32 vector type (avx2_f32, avx512_f32) and
 // instantiated by the thin per-ISA files avx2.cpp and avx512.cpp. It writes the same bytes as
 // ref:any for every input (the codec of src/fp8.hpp, vectorised bit-exactly):
-//   - the input row (f32/bf16/f16) is converted to f32 with vector loads into a stack buffer, its
-//     amax over the finite |x| taken on the way when the cache has per-token scales; AVX2 encodes
-//     bf16/f16 rows into FP8 without the copy (the amax from their bits, the conversion in the
-//     encoder);
+//   - FP8 caches take bf16/f16 rows without an f32 copy (the per-token amax from their bits, the
+//     conversion inside the encoder); other rows are converted to f32 into a stack buffer, the amax
+//     taken on the way;
 //   - FP8: q = fp8(x / scale), a true f32 division, saturated to +-max (+-inf too), NaN to the
-//     canonical NaN with its sign. AVX-512 rounds with an integer encoder on the f32 bits (normal
-//     range: exponent rebias and round-to-nearest-even on the dropped mantissa bits, the carry moving
-//     into the exponent; subnormal range: exact scaling by a power of two, rounding to an integer in
-//     nearest-even mode); AVX2 with fewer operations by an FP addition that drops exactly the
-//     format's excess mantissa bits, then vcvtps2ph, exact there, into f16 bits that hold the code
-//     (codec<avx2_f32>::fp8_grid_f16), 32 values per store;
+//     canonical NaN with its sign; rounded by an FP addition that drops exactly the format's excess
+//     mantissa bits, then vcvtps2ph, exact there, into f16 bits that hold the code
+//     (codec<avx2_f32>::fp8_grid_f16), 32 values per store (encode_fp8_divided, one template over
+//     both codecs);
 //   - bf16: integer round-to-nearest-even, NaN quieted (bits >> 16 | 0x40); f16: vcvtps2ph in
 //     nearest-even mode, whose NaN (sign | 0x7E00 | payload >> 13) and overflow (>= 65520 to inf)
 //     match f32_to_f16; f32: stored as is, with a signalling NaN quieted like the reference's
 //     multiplication by the unit scale does.
 // Plain rows are stored with vector stores. For the packed layout, 16 tokens that fill a 16-token
-// group are encoded together (AVX2, 16-bit rows to FP8: in passes, amaxes, scales, codes) and
+// group are encoded together (16-bit rows to FP8: in passes, amaxes, scales, codes) and
 // written in the layout's order (K by a transpose in registers) with non-temporal stores;
 // other tokens are encoded into a small buffer and scattered with the offsets of
 // src/cache_layout.hpp.
@@ -48,21 +45,13 @@ namespace detail {
 #pragma GCC visibility push(hidden)
 namespace x64_rac {
 
-// The FP8 formats of src/fp8.cpp as compile-time constants: mantissa bits, bias, largest finite
-// code and NaN code (magnitude bits).
+// The FP8 formats of src/fp8.cpp as compile-time constants: mantissa bits and NaN code (magnitude
+// bits).
 template <bool is_e4m3> struct fp8_format {
     static constexpr int mantissa_bits = is_e4m3 ? 3 : 2;
-    static constexpr int bias = is_e4m3 ? 7 : 15;
-    static constexpr int max_code = is_e4m3 ? 0x7E : 0x7B;
     static constexpr int nan_code = is_e4m3 ? 0x7F : 0x7E;
     static constexpr int drop = 23 - mantissa_bits; // f32 mantissa bits below the format's
-    // f32 biased exponents below this are subnormal (or zero) in the format: 2^(1 - bias).
-    static constexpr int min_normal_biased = 128 - bias;
-    // The subnormal unit is 2^(1 - bias - mantissa_bits); x times this counts units.
-    static constexpr float unit_scale = is_e4m3 ? 0x1p9f : 0x1p16f;
-    // Subtracted from the f32 magnitude bits shifted right by `drop`: the exponent rebias.
-    static constexpr int rebias = (127 - bias) << mantissa_bits;
-    // The largest finite value in the f16 domain of the AVX2 encoder (e4m3 times 2^-8).
+    // The largest finite value in the f16 domain of the encoder (e4m3 times 2^-8).
     static constexpr float max_f16_domain = is_e4m3 ? 448.f / 256.f : 57344.f;
 };
 
