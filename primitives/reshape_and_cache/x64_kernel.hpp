@@ -103,7 +103,8 @@ template <typename V, typename W> float amax_16bit_by(const void *src, data_type
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-template <> struct codec<avx512_f32> {
+// Each codec extends its vector type (set1, mul, the 16-bit loads) with the encoders.
+template <> struct codec<avx512_f32> : avx512_f32 {
     using reg = __m512;
     using ireg = __m512i;
     static ireg bits(reg x) { return _mm512_castps_si512(x); }
@@ -113,18 +114,6 @@ template <> struct codec<avx512_f32> {
     static reg abs_finite(reg x) {
         const ireg m = _mm512_and_si512(bits(x), set1i(0x7FFFFFFF));
         return _mm512_castsi512_ps(_mm512_maskz_mov_epi32(_mm512_cmplt_epi32_mask(m, set1i(0x7F800000)), m));
-    }
-    static constexpr dim width = 16;
-    static reg set1(float x) { return _mm512_set1_ps(x); }
-    static reg zero() { return _mm512_setzero_ps(); }
-    static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
-    static reg load_f32(const char *p) { return _mm512_loadu_ps(reinterpret_cast<const float *>(p)); }
-    static reg load_bf16(const char *p) {
-        const ireg x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)));
-        return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
-    }
-    static reg load_f16(const char *p) {
-        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)));
     }
     // As codec<avx2_f32>::fp8_grid_f16, 16 values.
     template <bool is_e4m3> static __m256i fp8_grid_f16(reg y) {
@@ -182,7 +171,7 @@ template <> struct codec<avx512_f32> {
 #endif
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-template <> struct codec<avx2_f32> {
+template <> struct codec<avx2_f32> : avx2_f32 {
     using reg = __m256;
     using ireg = __m256i;
     static ireg bits(reg x) { return _mm256_castps_si256(x); }
@@ -212,19 +201,7 @@ template <> struct codec<avx2_f32> {
         return _mm256_cvtps_ph(rounded, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     }
     static ireg set1_byte(int x) { return _mm256_set1_epi8(static_cast<char>(x)); }
-    static constexpr dim width = 8;
-    static reg set1(float x) { return _mm256_set1_ps(x); }
-    static reg zero() { return _mm256_setzero_ps(); }
     static reg div(reg a, reg b) { return _mm256_div_ps(a, b); }
-    static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
-    static reg load_f32(const char *p) { return _mm256_loadu_ps(reinterpret_cast<const float *>(p)); }
-    static reg load_bf16(const char *p) {
-        const ireg x = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
-        return _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
-    }
-    static reg load_f16(const char *p) {
-        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
-    }
     // The FP8 codes of 32 f16-domain values (see fp8_grid_f16), q(0) .. q(3), 32 bytes in order.
     template <bool is_e4m3, typename Quotients> static ireg fp8_codes32(Quotients q) {
         using F = fp8_format<is_e4m3>;
@@ -323,7 +300,7 @@ void encode_fp8(const void *src, data_type in_type, dim n, float scale, bool is_
     switch (in_type) {
         case data_type::bf16: encode([in](dim i) { return C::load_bf16(in + 2 * i); }); break;
         case data_type::f16: encode([in](dim i) { return C::load_f16(in + 2 * i); }); break;
-        default: encode([in](dim i) { return C::load_f32(in + 4 * i); }); break;
+        default: encode([in](dim i) { return C::load(reinterpret_cast<const float *>(in) + i); }); break;
     }
 }
 
