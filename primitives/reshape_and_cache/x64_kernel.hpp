@@ -26,7 +26,6 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
-#include <type_traits>
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
@@ -141,9 +140,7 @@ template <> struct codec<avx512_f32> : avx512_f32 {
         return _mm256_mask_mov_epi8(magnitudes, negative,
                                     _mm256_or_si256(magnitudes, _mm256_set1_epi8(static_cast<char>(0x80))));
     }
-    // Rows of bf16 or f16 values go to FP8 without an f32 copy: the amax on their bits, the
-    // conversion inside the encoder.
-    static constexpr bool encodes_16bit_input = true;
+    // The amax of a bf16 or f16 row on its bits, the widest loads first.
     static float amax_16bit(const void *src, data_type dt, dim n) {
         return amax_16bit_by<avx512_f32, __m512i>(src, dt, n);
     }
@@ -223,9 +220,7 @@ template <> struct codec<avx2_f32> : avx2_f32 {
                                             _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         return _mm256_or_si256(magnitudes, _mm256_and_si256(signs, set1_byte(0x80)));
     }
-    // Rows of bf16 or f16 values go to FP8 without an f32 copy: the amax on their bits, the
-    // conversion inside the encoder.
-    static constexpr bool encodes_16bit_input = true;
+    // The amax of a bf16 or f16 row on its bits, the widest loads first.
     static float amax_16bit(const void *src, data_type dt, dim n) {
         return amax_16bit_by<avx2_f32, __m256i>(src, dt, n);
     }
@@ -413,7 +408,7 @@ inline float row_scale(const reshape_and_cache_problem &p, float amax, bool is_v
 
 // An input row (f32/bf16/f16, n = head size values) encoded into dst in the cache's type, its scale
 // found by the mask (a per-token one computed and written). `row`: a buffer for the f32 copy, which
-// FP8 caches skip where the codec encodes them from 16-bit inputs.
+// FP8 caches skip for 16-bit inputs.
 template <typename V>
 void encode_input_row(const reshape_and_cache_problem &p, const void *in, data_type in_type, bool is_value,
                       float *scales, dim block, dim head, dim offset, float *row, void *dst) {
@@ -421,13 +416,11 @@ void encode_input_row(const reshape_and_cache_problem &p, const void *in, data_t
     const data_type dt = (is_value ? p.v_cache : p.k_cache).get_data_type();
     const bool amax = (is_value ? p.v_scales_mask : p.k_scales_mask) == scales_per_token;
     const dim n = p.head_size;
-    if constexpr (C::encodes_16bit_input) {
-        if (is_fp8(dt) && in_type != data_type::f32) {
-            const float m = amax ? C::amax_16bit(in, in_type, n) : 0.f;
-            encode_fp8<C>(in, in_type, n, row_scale(p, m, is_value, scales, block, head, offset),
-                          dt == data_type::f8_e4m3, dst);
-            return;
-        }
+    if (is_fp8(dt) && in_type != data_type::f32) {
+        const float m = amax ? C::amax_16bit(in, in_type, n) : 0.f;
+        encode_fp8<C>(in, in_type, n, row_scale(p, m, is_value, scales, block, head, offset),
+                      dt == data_type::f8_e4m3, dst);
+        return;
     }
     const float m = load_row<V>(in, in_type, n, row, amax);
     encode_row<V>(row, n, row_scale(p, m, is_value, scales, block, head, offset), dt, dst);
@@ -584,28 +577,24 @@ void store_group(const reshape_and_cache_problem &p, const reshape_and_cache_arg
             for (dim byte = 0; byte < n * in_es; byte += 64)
                 _mm_prefetch(next + byte, _MM_HINT_T0);
         }
-    bool encoded = false;
-    if constexpr (codec<V>::encodes_16bit_input) {
+    if (is_fp8(dt) && in_type != data_type::f32) {
         // 16-bit rows to FP8 in three passes over the group, amaxes, scales, codes, rather than row
         // by row: each row's chain (amax reduction, scale division, encoding) is long and serial,
         // and one row of it left the core mostly idle (~175 cycles per row, ~100 in passes).
-        if (is_fp8(dt) && in_type != data_type::f32) {
-            const bool per_token = (is_value ? p.v_scales_mask : p.k_scales_mask) == scales_per_token;
-            float row_scales[packed_group];
-            for (dim j = 0; j < packed_group; ++j)
-                row_scales[j] = per_token ? codec<V>::amax_16bit(input_row(j), in_type, n) : 0.f;
-            for (dim j = 0; j < packed_group; ++j)
-                row_scales[j] = row_scale(p, row_scales[j], is_value, scales, block, head, offset0 + j);
-            for (dim j = 0; j < packed_group; ++j)
-                encode_fp8<codec<V>>(input_row(j), in_type, n, row_scales[j], dt == data_type::f8_e4m3,
-                                     rows + j * n * es);
-            encoded = true;
-        }
-    }
-    if (!encoded)
+        const bool per_token = (is_value ? p.v_scales_mask : p.k_scales_mask) == scales_per_token;
+        float row_scales[packed_group];
+        for (dim j = 0; j < packed_group; ++j)
+            row_scales[j] = per_token ? codec<V>::amax_16bit(input_row(j), in_type, n) : 0.f;
+        for (dim j = 0; j < packed_group; ++j)
+            row_scales[j] = row_scale(p, row_scales[j], is_value, scales, block, head, offset0 + j);
+        for (dim j = 0; j < packed_group; ++j)
+            encode_fp8<codec<V>>(input_row(j), in_type, n, row_scales[j], dt == data_type::f8_e4m3,
+                                 rows + j * n * es);
+    } else {
         for (dim j = 0; j < packed_group; ++j)
             encode_input_row<V>(p, input_row(j), in_type, is_value, scales, block, head, offset0 + j, row,
                                 rows + j * n * es);
+    }
     const cache_view view(cache, is_value);
     char *region = static_cast<char *>(is_value ? a.v_cache : a.k_cache) + view.region(block, head) * es;
     switch (es) {
