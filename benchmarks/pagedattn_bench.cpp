@@ -3,7 +3,9 @@
 // (2048^3, bf16 in, f32 out; on a host where oneDNN has no bf16 matmul, the f32 one is prefill's
 // ceiling, and the table says so). Every figure is a median of repetitions after a warm-up; decode and
 // reshape cases flush the caches before each repetition so that their memory traffic is real. The
-// cache types of one shape alternate repetition by repetition, so drift does not bias their ratios.
+// cases of one shape alternate repetition by repetition, and with them the ceiling they are compared
+// with, so that drift biases neither their ratios nor their fractions of the ceiling. The ceilings are
+// also measured once at the start (the header line and the CSV's ceiling rows).
 //
 //   pagedattn_bench [--csv PATH] [--filter decode|verify|prefill|reshape] [--reps N] [--no-flush]
 //                  [--context N]
@@ -14,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -65,61 +68,98 @@ __attribute__((target("avx2"))) uint64_t sum_words_avx2(const uint64_t *p, size_
     return s0 + s1 + s2 + s3;
 }
 
-double measure_dram_read_gb_per_s(int reps) {
-    const size_t bytes = size_t(1) << 30, words = bytes / 8;
-    std::vector<uint64_t> data(words);
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, words), [&](const tbb::blocked_range<size_t> &r) {
-        for (size_t i = r.begin(); i != r.end(); ++i)
-            data[i] = i;
-    });
-    std::vector<double> times;
-    uint64_t sink = 0;
-    for (int rep = 0; rep < reps; ++rep) {
+// The machine's ceilings, one repetition at a time: a group of cases alternates its repetitions
+// with the ceiling it is compared with, so that the ratio sees the same machine (the bandwidth of a
+// shared host drifts by 20% and more within minutes).
+class ceilings {
+public:
+    ceilings() : data_(size_t(1) << 27) { // 1 GiB of 8-byte words, written once so that pages exist
+        tbb::parallel_for(tbb::blocked_range<size_t>(0, data_.size()),
+                          [&](const tbb::blocked_range<size_t> &r) {
+                              for (size_t i = r.begin(); i != r.end(); ++i)
+                                  data_[i] = i;
+                          });
+        bf16_ = make_matmul(dnnl::memory::data_type::bf16);
+        f32_ = make_matmul(dnnl::memory::data_type::f32);
+    }
+
+    /// One read of the 1 GiB with all threads.
+    double dram_read_gb_per_s() {
         const auto start = clock_type::now();
-        sink += tbb::parallel_reduce(
-                tbb::blocked_range<size_t>(0, words, 1 << 17), uint64_t(0),
+        sink_ += tbb::parallel_reduce(
+                tbb::blocked_range<size_t>(0, data_.size(), 1 << 17), uint64_t(0),
                 [&](const tbb::blocked_range<size_t> &r, uint64_t acc) {
-                    return acc + sum_words_avx2(data.data() + r.begin(), r.size());
+                    return acc + sum_words_avx2(data_.data() + r.begin(), r.size());
                 },
                 std::plus<uint64_t>());
-        times.push_back(seconds_since(start));
+        return data_.size() * 8.0 / seconds_since(start) / 1e9;
     }
-    if (sink == 42) std::puts("");
-    return bytes / median(times) / 1e9;
-}
 
-// oneDNN matmul 2048^3 with inputs of type `in` and an f32 output; 0 where oneDNN has none for it
-// on this host (oneDNN 2.6 has no bf16 matmul without AVX-512).
-double measure_matmul_gflop_per_s(dnnl::memory::data_type in, int reps) {
-    try {
-        const dnnl::memory::dim n = 2048;
-        dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-        dnnl::stream s(eng);
-        using tag = dnnl::memory::format_tag;
-        using dt = dnnl::memory::data_type;
-        dnnl::memory::desc a({ n, n }, in, tag::ab), b({ n, n }, in, tag::ab), c({ n, n }, dt::f32, tag::ab);
-        dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), eng);
-        dnnl::matmul mm(pd);
-        dnnl::memory ma(a, eng), mb(b, eng), mc(c, eng);
-        std::memset(ma.get_data_handle(), 0x3C, a.get_size()); // ~0.011 in f32, ~0.011 in bf16
-        std::memset(mb.get_data_handle(), 0x3C, b.get_size());
-        std::vector<double> times;
-        for (int rep = -2; rep < reps; ++rep) {
+    bool has_bf16_matmul() const { return bf16_ != nullptr; }
+    /// One oneDNN matmul 2048^3, bf16 in and f32 out; 0 where oneDNN has none on this host (oneDNN
+    /// 2.6 has no bf16 matmul without AVX-512).
+    double bf16_matmul_gflop_per_s() { return bf16_ ? bf16_->run() : 0.0; }
+    double f32_matmul_gflop_per_s() { return f32_ ? f32_->run() : 0.0; }
+    /// Prefill's ceiling: the bf16 matmul, or where the host has none the f32 one.
+    double prefill_gflop_per_s() { return bf16_ ? bf16_->run() : f32_matmul_gflop_per_s(); }
+
+private:
+    struct matmul {
+        dnnl::engine eng { dnnl::engine::kind::cpu, 0 };
+        dnnl::stream stream { eng };
+        dnnl::matmul primitive;
+        dnnl::memory a, b, c;
+        static constexpr dnnl::memory::dim n = 2048;
+        double run() {
             const auto start = clock_type::now();
-            mm.execute(s, { { DNNL_ARG_SRC, ma }, { DNNL_ARG_WEIGHTS, mb }, { DNNL_ARG_DST, mc } });
-            s.wait();
-            if (rep >= 0) times.push_back(seconds_since(start));
+            primitive.execute(stream, { { DNNL_ARG_SRC, a }, { DNNL_ARG_WEIGHTS, b }, { DNNL_ARG_DST, c } });
+            stream.wait();
+            return 2.0 * n * n * n / seconds_since(start) / 1e9;
         }
-        return 2.0 * n * n * n / median(times) / 1e9;
-    } catch (const dnnl::error &) {
-        return 0.0;
+    };
+    static std::unique_ptr<matmul> make_matmul(dnnl::memory::data_type in) {
+        try {
+            auto m = std::make_unique<matmul>();
+            using tag = dnnl::memory::format_tag;
+            const dnnl::memory::desc a({ matmul::n, matmul::n }, in, tag::ab),
+                    b = a, c({ matmul::n, matmul::n }, dnnl::memory::data_type::f32, tag::ab);
+            m->primitive = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), m->eng));
+            m->a = dnnl::memory(a, m->eng);
+            m->b = dnnl::memory(b, m->eng);
+            m->c = dnnl::memory(c, m->eng);
+            std::memset(m->a.get_data_handle(), 0x3C, a.get_size()); // ~0.011 in f32, ~0.011 in bf16
+            std::memset(m->b.get_data_handle(), 0x3C, b.get_size());
+            m->run(); // oneDNN's first execution sets up its kernels
+            return m;
+        } catch (const dnnl::error &) {
+            return nullptr;
+        }
     }
+    std::vector<uint64_t> data_;
+    std::unique_ptr<matmul> bf16_, f32_;
+    uint64_t sink_ = 0;
+
+public:
+    ~ceilings() {
+        if (sink_ == 42) std::puts(""); // the sums are used
+    }
+};
+
+/// Median of `reps` repetitions of a ceiling after two warm-ups.
+double median_of(int reps, const std::function<double()> &once) {
+    std::vector<double> v;
+    for (int rep = -2; rep < reps; ++rep) {
+        const double x = once();
+        if (rep >= 0) v.push_back(x);
+    }
+    return median(v);
 }
 
 struct row {
     std::string kind, cache, impl;
     long batch, q_len, context, block_size, threads;
     double median_ms, gb_per_s, gflop_per_s, fraction_of_ceiling;
+    double ceiling; // measured beside the case: DRAM read GB/s, or for prefill matmul GFLOP/s
 };
 
 struct config {
@@ -127,9 +167,8 @@ struct config {
     int reps = 20;
     bool flush = true; // --no-flush: caches stay warm (diagnosis: compute vs memory)
     long context = 0;  // --context N: only the decode shapes of that context (while tuning a kernel)
-    double dram = 0, matmul_bf16 = 0, matmul_f32 = 0;
-    // Prefill's ceiling: the bf16 matmul, or where the host has none the f32 one.
-    double matmul() const { return matmul_bf16 > 0 ? matmul_bf16 : matmul_f32; }
+    std::unique_ptr<ceilings> machine;
+    double dram = 0, matmul_bf16 = 0, matmul_f32 = 0; // measured at the start
     std::vector<row> rows;
     bool wants(const char *kind) const { return filter.empty() || filter == kind; }
 };
@@ -228,7 +267,15 @@ struct attention_case {
     }
 };
 
-void report(config &cfg, const std::string &kind, const attention_case &c, long threads, double seconds) {
+void print_row(const row &r) {
+    std::printf("%-8s %5ld %5ld %7ld %-8s %5ld %3ld %-16s %10.3f %8.1f %8.1f %7.1f %6.2f\n", r.kind.c_str(),
+                r.batch, r.q_len, r.context, r.cache.c_str(), r.block_size, r.threads, r.impl.c_str(),
+                r.median_ms, r.gb_per_s, r.gflop_per_s, r.ceiling, r.fraction_of_ceiling);
+    std::fflush(stdout);
+}
+
+void report(config &cfg, const std::string &kind, const attention_case &c, long threads, double seconds,
+            double ceiling) {
     row r;
     r.kind = kind;
     r.cache = data_type_name(c.cache_type);
@@ -241,39 +288,64 @@ void report(config &cfg, const std::string &kind, const attention_case &c, long 
     r.median_ms = seconds * 1e3;
     r.gb_per_s = c.cache_bytes() / seconds / 1e9;
     r.gflop_per_s = c.flops() / seconds / 1e9;
-    r.fraction_of_ceiling =
-            kind == "prefill" ? (cfg.matmul() > 0 ? r.gflop_per_s / cfg.matmul() : 0) : r.gb_per_s / cfg.dram;
+    r.ceiling = ceiling;
+    r.fraction_of_ceiling = ceiling > 0 ? (kind == "prefill" ? r.gflop_per_s : r.gb_per_s) / ceiling : 0;
     cfg.rows.push_back(r);
-    std::printf("%-8s %5ld %5ld %7ld %-8s %5ld %3ld %-16s %10.3f %8.1f %8.1f %6.2f\n", r.kind.c_str(),
-                r.batch, r.q_len, r.context, r.cache.c_str(), r.block_size, r.threads, r.impl.c_str(),
-                r.median_ms, r.gb_per_s, r.gflop_per_s, r.fraction_of_ceiling);
-    std::fflush(stdout);
+    print_row(r);
 }
 
-// Times the cases of one shape with alternating repetitions; the reference is never timed on
-// large cases (it would take minutes and say nothing about the kernels).
-void time_alternating(config &cfg, const std::string &kind, std::vector<attention_case *> cases, long threads,
-                      bool flush) {
-    dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-    dnnl::stream s(eng);
+struct timings {
+    std::vector<double> seconds; // median per case
+    double ceiling;              // median of the ceiling's repetitions
+};
+
+// Times cases with alternating repetitions (after two warm-ups): each repetition runs every case
+// once, then the ceiling once, so that drift biases neither the cases' ratios nor their fractions
+// of the ceiling. `flush`: the caches are evicted before each case.
+timings time_alternating(config &cfg, const std::vector<std::function<void()>> &cases, long threads,
+                         bool flush, const std::function<double()> &ceiling) {
     tbb::task_arena arena(static_cast<int>(threads));
     std::vector<std::vector<double>> times(cases.size());
+    std::vector<double> ceiling_values;
+    for (int rep = -2; rep < cfg.reps; ++rep) {
+        for (size_t i = 0; i < cases.size(); ++i) {
+            if (flush && cfg.flush) flush_caches();
+            const auto start = clock_type::now();
+            arena.execute(cases[i]);
+            if (rep >= 0) times[i].push_back(seconds_since(start));
+        }
+        const double c = ceiling(); // with all threads, as at the start
+        if (rep >= 0) ceiling_values.push_back(c);
+    }
+    timings t;
+    for (const auto &case_times : times)
+        t.seconds.push_back(median(case_times));
+    t.ceiling = median(ceiling_values);
+    return t;
+}
+
+// Times the attention cases of one shape against the ceiling of their kind; the reference is never
+// timed on large cases (it would take minutes and say nothing about the kernels).
+void time_attention(config &cfg, const std::string &kind, std::vector<attention_case *> cases, long threads,
+                    bool flush) {
     for (attention_case *c : cases)
         if (std::string(c->pd.impl_info_str()) == "ref:any" && c->batch * c->context * c->q_len > 8192) {
             std::printf("%-8s %5ld %5ld %7ld %-8s: only ref:any accepts it; not timed\n", kind.c_str(),
                         c->batch, c->q_len, c->context, data_type_name(c->cache_type));
             return;
         }
-    for (int rep = -2; rep < cfg.reps; ++rep) {
-        for (size_t i = 0; i < cases.size(); ++i) {
-            if (flush && cfg.flush) flush_caches();
-            const auto start = clock_type::now();
-            arena.execute([&] { cases[i]->run(s); });
-            if (rep >= 0) times[i].push_back(seconds_since(start));
-        }
-    }
+    dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+    dnnl::stream s(eng);
+    std::vector<std::function<void()>> runs;
+    for (attention_case *c : cases)
+        runs.push_back([c, &s] { c->run(s); });
+    ceilings &m = *cfg.machine;
+    const timings t =
+            kind == "prefill"
+                    ? time_alternating(cfg, runs, threads, flush, [&] { return m.prefill_gflop_per_s(); })
+                    : time_alternating(cfg, runs, threads, flush, [&] { return m.dram_read_gb_per_s(); });
     for (size_t i = 0; i < cases.size(); ++i)
-        report(cfg, kind, *cases[i], threads, median(times[i]));
+        report(cfg, kind, *cases[i], threads, t.seconds[i], t.ceiling);
 }
 
 void run_attention(config &cfg) {
@@ -292,13 +364,13 @@ void run_attention(config &cfg) {
                 std::vector<attention_case *> pointers;
                 for (attention_case &c : cases)
                     pointers.push_back(&c);
-                time_alternating(cfg, "decode", pointers, 2, true);
+                time_attention(cfg, "decode", pointers, 2, true);
             }
         std::vector<attention_case> cases;
         cases.reserve(2);
         cases.emplace_back(1, 1, 8192, 128, data_type::bf16, true);
         cases.emplace_back(1, 1, 8192, 128, data_type::f8_e4m3, true);
-        time_alternating(cfg, "decode", { &cases[0], &cases[1] }, 1, true);
+        time_attention(cfg, "decode", { &cases[0], &cases[1] }, 1, true);
     }
     if (cfg.wants("verify")) {
         std::vector<attention_case> cases;
@@ -306,7 +378,7 @@ void run_attention(config &cfg) {
         for (long q_len : { 4L, 1L })
             for (data_type dt : { data_type::bf16, data_type::f8_e4m3 })
                 cases.emplace_back(8, q_len, 2048, 128, dt, true);
-        time_alternating(cfg, "verify", { &cases[0], &cases[1], &cases[2], &cases[3] }, 2, true);
+        time_attention(cfg, "verify", { &cases[0], &cases[1], &cases[2], &cases[3] }, 2, true);
     }
     if (cfg.wants("prefill")) {
         for (long n : { 512L, 2048L }) {
@@ -314,17 +386,67 @@ void run_attention(config &cfg) {
             cases.reserve(2);
             for (data_type dt : { data_type::bf16, data_type::f8_e4m3 })
                 cases.emplace_back(1, n, n, 128, dt, true);
-            time_alternating(cfg, "prefill", { &cases[0], &cases[1] }, 2, false);
+            time_attention(cfg, "prefill", { &cases[0], &cases[1] }, 2, false);
         }
     }
 }
+
+// reshape_and_cache of `tokens` bf16 keys and values into a cache of type dt (FP8 with per-token
+// scales, computed from each row as vLLM's dynamic scales are).
+struct reshape_case {
+    static constexpr dim tokens = 4096, hkv = 8, d = 128, bs = 128, blocks = tokens / bs;
+    data_type cache_type;
+    reshape_and_cache::primitive_desc pd;
+    reshape_and_cache primitive;
+    std::vector<uint8_t> k_cache, v_cache;
+    std::vector<float> k_scales, v_scales;
+    exec_args args;
+
+    reshape_case(data_type dt, const std::vector<uint16_t> &key, const std::vector<uint16_t> &value,
+                 const std::vector<int64_t> &slots)
+        : cache_type(dt) {
+        dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+        primitive_attr attr;
+        if (data_type_size(dt) == 1) {
+            attr.set_scales_mask(ARG_K_CACHE, scales_per_token);
+            attr.set_scales_mask(ARG_V_CACHE, scales_per_token);
+        }
+        const tensor_desc kv({ runtime_dim, hkv, d }, data_type::bf16),
+                cache({ blocks, hkv, bs, d }, dt, layout::any);
+        pd = reshape_and_cache::primitive_desc(eng, reshape_and_cache::desc(kv, kv, cache, cache), attr);
+        primitive = reshape_and_cache(pd);
+        const tensor_desc cmd = pd.query_md(ARG_K_CACHE);
+        k_cache.resize(cmd.get_size());
+        v_cache.resize(cmd.get_size());
+        k_scales.resize(static_cast<size_t>(blocks * hkv * bs));
+        v_scales.resize(k_scales.size());
+        args = {
+            { ARG_KEY, tensor({ { tokens, hkv, d }, data_type::bf16 }, const_cast<uint16_t *>(key.data())) },
+            { ARG_VALUE,
+              tensor({ { tokens, hkv, d }, data_type::bf16 }, const_cast<uint16_t *>(value.data())) },
+            { ARG_K_CACHE, tensor(cmd, k_cache.data()) },
+            { ARG_V_CACHE, tensor(cmd, v_cache.data()) },
+            { ARG_SLOT_MAPPING, tensor({ { tokens }, data_type::s64 }, const_cast<int64_t *>(slots.data())) }
+        };
+        if (data_type_size(dt) == 1) {
+            args[ARG_K_SCALES] = tensor({ { blocks, hkv, bs }, data_type::f32 }, k_scales.data());
+            args[ARG_V_SCALES] = tensor({ { blocks, hkv, bs }, data_type::f32 }, v_scales.data());
+        }
+    }
+    // Bytes read (the bf16 rows) plus written (the cache and any scales).
+    double bytes() const {
+        return 2.0 * tokens * hkv * d * (2 + data_type_size(cache_type)) +
+               (data_type_size(cache_type) == 1 ? 2.0 * tokens * hkv * 4 : 0);
+    }
+};
 
 void run_reshape(config &cfg) {
     if (!cfg.wants("reshape")) return;
     dnnl::engine eng(dnnl::engine::kind::cpu, 0);
     dnnl::stream s(eng);
-    const dim tokens = 4096, hkv = 8, d = 128, bs = 128, blocks = tokens / bs;
-    std::vector<uint16_t> key(static_cast<size_t>(tokens * hkv * d)), value(key.size());
+    const dim tokens = reshape_case::tokens;
+    std::vector<uint16_t> key(static_cast<size_t>(tokens * reshape_case::hkv * reshape_case::d)),
+            value(key.size());
     std::mt19937 rng(5);
     for (auto &x : key)
         x = static_cast<uint16_t>(0x3C00 | (rng() & 0x3FF) | (rng() & 0x8000));
@@ -333,46 +455,32 @@ void run_reshape(config &cfg) {
     std::vector<int64_t> slots(static_cast<size_t>(tokens));
     for (dim t = 0; t < tokens; ++t)
         slots[static_cast<size_t>(t)] = t;
-    for (data_type dt : { data_type::bf16, data_type::f8_e4m3 }) {
-        primitive_attr attr;
-        if (dt == data_type::f8_e4m3) {
-            attr.set_scales_mask(ARG_K_CACHE, scales_per_token);
-            attr.set_scales_mask(ARG_V_CACHE, scales_per_token);
-        }
-        const tensor_desc kv({ runtime_dim, hkv, d }, data_type::bf16),
-                cache({ blocks, hkv, bs, d }, dt, layout::any);
-        reshape_and_cache::primitive_desc pd(eng, reshape_and_cache::desc(kv, kv, cache, cache), attr);
-        reshape_and_cache prim(pd);
-        const tensor_desc cmd = pd.query_md(ARG_K_CACHE);
-        std::vector<uint8_t> kc(cmd.get_size()), vc(cmd.get_size());
-        std::vector<float> ks(static_cast<size_t>(blocks * hkv * bs)), vs(ks.size());
-        exec_args args = { { ARG_KEY, tensor({ { tokens, hkv, d }, data_type::bf16 }, key.data()) },
-                           { ARG_VALUE, tensor({ { tokens, hkv, d }, data_type::bf16 }, value.data()) },
-                           { ARG_K_CACHE, tensor(cmd, kc.data()) },
-                           { ARG_V_CACHE, tensor(cmd, vc.data()) },
-                           { ARG_SLOT_MAPPING, tensor({ { tokens }, data_type::s64 }, slots.data()) } };
-        if (dt == data_type::f8_e4m3) {
-            args[ARG_K_SCALES] = tensor({ { blocks, hkv, bs }, data_type::f32 }, ks.data());
-            args[ARG_V_SCALES] = tensor({ { blocks, hkv, bs }, data_type::f32 }, vs.data());
-        }
-        tbb::task_arena arena(2);
-        std::vector<double> times;
-        for (int rep = -2; rep < cfg.reps; ++rep) {
-            flush_caches();
-            const auto start = clock_type::now();
-            arena.execute([&] { prim.execute(s, args); });
-            if (rep >= 0) times.push_back(seconds_since(start));
-        }
-        const double seconds = median(times);
-        const double bytes = 2.0 * tokens * hkv * d * (2 + data_type_size(dt)) +
-                             (dt == data_type::f8_e4m3 ? 2.0 * tokens * hkv * 4 : 0);
-        row r { "reshape", data_type_name(dt), pd.impl_info_str(),    1, tokens, 0, bs,
-                2,         seconds * 1e3,      bytes / seconds / 1e9, 0, 0 };
-        r.fraction_of_ceiling = r.gb_per_s / cfg.dram;
+    std::vector<reshape_case> cases;
+    cases.reserve(2);
+    for (data_type dt : { data_type::bf16, data_type::f8_e4m3 })
+        cases.emplace_back(dt, key, value, slots);
+    std::vector<std::function<void()>> runs;
+    for (reshape_case &c : cases)
+        runs.push_back([&c, &s] { c.primitive.execute(s, c.args); });
+    const timings t = time_alternating(cfg, runs, 2, true, [&] { return cfg.machine->dram_read_gb_per_s(); });
+    for (size_t i = 0; i < cases.size(); ++i) {
+        const reshape_case &c = cases[i];
+        row r { "reshape",
+                data_type_name(c.cache_type),
+                c.pd.impl_info_str(),
+                1,
+                tokens,
+                0,
+                reshape_case::bs,
+                2,
+                t.seconds[i] * 1e3,
+                c.bytes() / t.seconds[i] / 1e9,
+                0,
+                0,
+                t.ceiling };
+        r.fraction_of_ceiling = r.gb_per_s / t.ceiling;
         cfg.rows.push_back(r);
-        std::printf("%-8s %5d %5ld %7d %-8s %5ld %3d %-16s %10.3f %8.1f %8.1f %6.2f\n", "reshape", 1,
-                    (long)tokens, 0, r.cache.c_str(), (long)bs, 2, r.impl.c_str(), r.median_ms, r.gb_per_s,
-                    0.0, r.fraction_of_ceiling);
+        print_row(r);
     }
 }
 
@@ -402,18 +510,22 @@ int main(int argc, char **argv) {
     try {
         std::printf("host ISA %s, threads %d\n", cpu_isa_name(get_max_cpu_isa()),
                     tbb::this_task_arena::max_concurrency());
-        cfg.dram = measure_dram_read_gb_per_s(std::max(5, cfg.reps / 4));
-        cfg.matmul_bf16 =
-                measure_matmul_gflop_per_s(dnnl::memory::data_type::bf16, std::max(5, cfg.reps / 4));
-        cfg.matmul_f32 = measure_matmul_gflop_per_s(dnnl::memory::data_type::f32, std::max(5, cfg.reps / 4));
+        cfg.machine = std::make_unique<ceilings>();
+        ceilings &m = *cfg.machine;
+        const int reps = std::max(5, cfg.reps / 4);
+        cfg.dram = median_of(reps, [&] { return m.dram_read_gb_per_s(); });
+        cfg.matmul_bf16 = median_of(reps, [&] { return m.bf16_matmul_gflop_per_s(); });
+        cfg.matmul_f32 = median_of(reps, [&] { return m.f32_matmul_gflop_per_s(); });
         std::printf(
                 "ceiling: DRAM read %.1f GB/s, oneDNN matmul 2048^3 bf16 %.1f GFLOP/s%s, f32 %.1f GFLOP/s\n",
-                cfg.dram, cfg.matmul_bf16, cfg.matmul_bf16 > 0 ? "" : " (none on this host)", cfg.matmul_f32);
-        std::printf("frac: GB/s over DRAM read (decode, verify, reshape), GFLOP/s over the %s matmul "
-                    "(prefill)\n\n",
-                    cfg.matmul_bf16 > 0 ? "bf16" : "f32");
-        std::printf("%-8s %5s %5s %7s %-8s %5s %3s %-16s %10s %8s %8s %6s\n", "kind", "batch", "q_len",
-                    "context", "cache", "bs", "thr", "impl", "median_ms", "GB/s", "GFLOP/s", "frac");
+                cfg.dram, cfg.matmul_bf16, m.has_bf16_matmul() ? "" : " (none on this host)", cfg.matmul_f32);
+        std::printf(
+                "ceil: the ceiling measured beside the case, its repetitions alternating with the case's:\n"
+                "DRAM read GB/s (decode, verify, reshape), %s matmul GFLOP/s (prefill); frac: the case's\n"
+                "GB/s or GFLOP/s over it\n\n",
+                m.has_bf16_matmul() ? "bf16" : "f32");
+        std::printf("%-8s %5s %5s %7s %-8s %5s %3s %-16s %10s %8s %8s %7s %6s\n", "kind", "batch", "q_len",
+                    "context", "cache", "bs", "thr", "impl", "median_ms", "GB/s", "GFLOP/s", "ceil", "frac");
         run_attention(cfg);
         run_reshape(cfg);
     } catch (const pagedattn::error &e) {
@@ -423,14 +535,18 @@ int main(int argc, char **argv) {
     if (!cfg.csv.empty()) {
         std::ofstream out(cfg.csv);
         out << "kind,batch,q_len,context,cache,block_size,threads,median_ms,gb_per_s,gflop_per_s,fraction_of_"
-               "ceiling,impl\n";
-        out << "ceiling_dram_read,0,0,0,,0,0,0," << cfg.dram << ",0,1,\n";
-        out << "ceiling_bf16_matmul,0,0,0,,0,0,0,0," << cfg.matmul_bf16 << ",1,\n";
-        out << "ceiling_f32_matmul,0,0,0,,0,0,0,0," << cfg.matmul_f32 << ",1,\n";
+               "ceiling,ceiling,impl\n";
+        const int threads = tbb::this_task_arena::max_concurrency();
+        // The ceilings measured at the start, before the cases (each case's own is in its row).
+        out << "ceiling_dram_read,0,0,0,,0," << threads << ",0," << cfg.dram << ",0,1," << cfg.dram << ",\n";
+        out << "ceiling_bf16_matmul,0,0,0,,0," << threads << ",0,0," << cfg.matmul_bf16 << ",1,"
+            << cfg.matmul_bf16 << ",\n";
+        out << "ceiling_f32_matmul,0,0,0,,0," << threads << ",0,0," << cfg.matmul_f32 << ",1,"
+            << cfg.matmul_f32 << ",\n";
         for (const row &r : cfg.rows)
             out << r.kind << ',' << r.batch << ',' << r.q_len << ',' << r.context << ',' << r.cache << ','
                 << r.block_size << ',' << r.threads << ',' << r.median_ms << ',' << r.gb_per_s << ','
-                << r.gflop_per_s << ',' << r.fraction_of_ceiling << ',' << r.impl << '\n';
+                << r.gflop_per_s << ',' << r.fraction_of_ceiling << ',' << r.ceiling << ',' << r.impl << '\n';
     }
     return 0;
 }
