@@ -509,25 +509,23 @@ TEST(every_implementation_groups, consecutive_slots_fill_packed_groups) {
     slots[290] = slots[140]; // token 140 is superseded
     slots.push_back(0);      // as make_inputs: one spare entry
     const dim nb = (slots[t - 1] + bs) / bs + 1;
-    for (data_type cache_dt :
-         { data_type::f32, data_type::bf16, data_type::f16, data_type::f8_e4m3, data_type::f8_e5m2 }) {
-        const int mask = detail::is_fp8(cache_dt) ? scales_per_token : -1;
-        const e2e_case c { cache_dt,
-                           data_type::bf16,
-                           data_type::f32,
-                           cache_kind::packed,
-                           mask,
-                           mask,
-                           t,
-                           2,
-                           reduced() ? 32 : 128,
-                           bs,
-                           nb,
-                           false };
-        SCOPED_TRACE(case_name(c));
-        const std::vector<std::string> ran = compare_with_reference(c, 5u, &slots);
-        EXPECT_EQ(contains(ran, "x64:avx2"), runs(cpu_isa::avx2));
-    }
+    // Inputs: bf16 keys and f32 values, head size 128 (32 reduced); f16 keys and bf16 values, head
+    // size 48 (the 16-bit rows' vectors end part-way: 48 = 32 + 16).
+    struct inputs {
+        data_type key, value;
+        dim d;
+    };
+    for (const inputs in : { inputs { data_type::bf16, data_type::f32, reduced() ? 32 : 128 },
+                             inputs { data_type::f16, data_type::bf16, 48 } })
+        for (data_type cache_dt :
+             { data_type::f32, data_type::bf16, data_type::f16, data_type::f8_e4m3, data_type::f8_e5m2 }) {
+            const int mask = detail::is_fp8(cache_dt) ? scales_per_token : -1;
+            const e2e_case c { cache_dt, in.key, in.value, cache_kind::packed, mask, mask, t, 2, in.d,
+                               bs,       nb,     false };
+            SCOPED_TRACE(case_name(c));
+            const std::vector<std::string> ran = compare_with_reference(c, 5u, &slots);
+            EXPECT_EQ(contains(ran, "x64:avx2"), runs(cpu_isa::avx2));
+        }
 }
 
 } // namespace
