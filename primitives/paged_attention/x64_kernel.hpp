@@ -454,7 +454,7 @@ __attribute__((always_inline)) inline void packed_values_slice(const packed_valu
 template <typename V, int N, data_type v_type, bool may_hold_nan = true>
 void packed_values(const packed_values_rows &job) {
     // N x S accumulators + 2 x S values + 2 broadcasts within the register file (32 zmm, 16 ymm).
-    constexpr int widest = V::width == 16 ? (N > 1 ? 4 : 8) : (N > 1 ? 2 : 4);
+    constexpr int widest = V::width == 16 ? (N > 4 ? 2 : N > 1 ? 4 : 8) : (N > 1 ? 2 : 4);
     const dim vectors = job.d / V::width;
     dim v0 = 0;
     for (; v0 + widest <= vectors; v0 += widest)
@@ -847,8 +847,9 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         const dim first_pair = (std::max(item.kv_begin, c0) - c0) / 2;
         const dim end_pair = (std::min(item.kv_end, c1) - c0 + 1) / 2;
         // Rows per pass: every V element decoded once per pass serves them all (4: a GQA group of
-        // 4 q heads in decode reads each V element once).
-        constexpr dim value_rows = 4;
+        // 4 q heads in decode reads each V element once; 8 with 32 registers, for verify and
+        // prefill, whose passes then load and split each V vector for twice as many rows).
+        constexpr dim value_rows = width == 16 ? 8 : 4;
         // With several passes, FP8 and f16 values are decoded once into L1 as the keys are: the pairs
         // of this chunk for every dims group, at the element positions of a 64-token block.
         const bool v_once = rows > value_rows && v_type != data_type::f32 && v_type != data_type::bf16;
@@ -871,8 +872,8 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                                          dims_group * 16 * packed_chunk + pair * 32 + sub * 2, first, second);
                     }
         }
-        for (dim r0 = 0; r0 < rows; r0 += value_rows) {
-            const dim n = std::min(value_rows, rows - r0);
+        for (dim r0 = 0, n; r0 < rows; r0 += n) {
+            n = rows - r0 >= value_rows ? value_rows : std::min<dim>(4, rows - r0);
             dim common_begin = item.kv_begin,
                 common_end = item.kv_end; // tokens every row of the pass sees
             for (dim rr = 0; rr < n; ++rr) {
@@ -902,6 +903,9 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
             job.acc = acc + r0 * d;
             job.d = d;
             switch (n) {
+                case 8:
+                    if constexpr (value_rows == 8) packed_values_of<V, 8>(job);
+                    break;
                 case 4: packed_values_of<V, 4>(job); break;
                 case 3: packed_values_of<V, 3>(job); break;
                 case 2: packed_values_of<V, 2>(job); break;
