@@ -167,19 +167,19 @@ TEST_P(fp8_codes, every_finite_key_code_is_dequantized_exactly) {
 }
 
 // An attended NaN value reaches dst wherever it sits in the KV range: in each 16-token group of a
-// 64-token chunk (block size 16: each group from another block), in each group of 16 dims, and in a
-// chunk after the first. Kernels that check a chunk's e4m3 codes for NaN to skip its decoding
-// patch must check all of them. Keys and the other values are 0: every token weighs 1 / 80.
+// 128-token chunk (block size 16: each group from another block), in each group of 16 dims, and in
+// a chunk after the first. Kernels that check a chunk's e4m3 codes for NaN to skip its decoding
+// patch must check all of them. Keys and the other values are 0: every token weighs 1 / 160.
 TEST_P(fp8_codes, a_nan_value_anywhere_in_the_range_reaches_dst) {
     const param p = GetParam();
-    const pa::dim tokens = 80, d_size = 128;
+    const pa::dim tokens = 160, d_size = 128;
     setup s(p.dt, p.l, p.q_dt, tokens, d_size);
     const uint8_t nan_code = p.dt == pa::data_type::f8_e4m3 ? 0x7F : 0x7E;
     pa::paged_attention::primitive_desc pd(dnnl::engine(dnnl::engine::kind::cpu, 0), s.desc());
     do {
         SCOPED_TRACE(std::string(pd.impl_info_str()) + (p.l == pa::layout::packed ? " packed" : " plain"));
         const pa::paged_attention prim(pd);
-        for (pa::dim t : { 0, 15, 16, 33, 47, 48, 63, 64, 79 })
+        for (pa::dim t : { 0, 15, 16, 33, 47, 48, 63, 64, 79, 95, 96, 111, 127, 128, 150, 159 })
             for (pa::dim d : { 0, 15, 16, 70, 127 }) {
                 std::fill(s.v.begin(), s.v.end(), 0);
                 s.v_at(t, d) = static_cast<uint8_t>(nan_code | (t % 2 ? 0x80 : 0));

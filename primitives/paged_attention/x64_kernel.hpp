@@ -3,7 +3,7 @@
 // every input type (so it meets fpmath_mode::strict), both cache layouts.
 //
 // Per work item (sequence, kv head, query tile) it walks the item's KV range through the block
-// table in chunks (16 tokens in the plain layout; 64 in the packed one, four 16-token groups that
+// table in chunks (16 tokens in the plain layout; 128 in the packed one, eight 16-token groups that
 // may come from different blocks); the q heads of the kv head and the query tokens of the tile are the
 // rows of the item (GQA: each K/V element loaded serves all of them). Scores get the per-token K
 // scale, soft-cap and ALiBi; an online softmax in f32 rescales the accumulators once per chunk.
@@ -49,8 +49,11 @@ namespace x64 {
 #pragma GCC visibility push(hidden)
 namespace PAGEDATTN_X64_ISA {
 
-constexpr dim chunk = 16;        // plain layout: tokens per online-softmax step
-constexpr dim packed_chunk = 64; // packed layout: up to 4 groups of 16 tokens, from one block or several
+constexpr dim chunk = 16; // plain layout: tokens per online-softmax step
+// Packed layout: up to 8 groups of 16 tokens, from one block or several. 128 rather than 64: a
+// 128-token block's K and V regions are then read in one chunk each, V's rows of 16 dims whole
+// (8 x 8192 decode from memory ~10% faster when the DRAM is not shared, in cache ~4%).
+constexpr dim packed_chunk = 128;
 
 template <typename V> std::string decline(const paged_attention_problem &p, const primitive_attr &) {
     if (p.head_size % V::width != 0) {
@@ -581,7 +584,7 @@ inline bool e4m3_without_nan(const char *codes, dim n) {
     return _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(a, b), magnitude)) == 0;
 }
 
-// The packed layout (block_size % 16 == 0): chunks of up to four 16-token groups, each found through
+// The packed layout (block_size % 16 == 0): chunks of up to eight 16-token groups, each found through
 // the block table, so that small blocks (16, vLLM's default) get the same long inner loops as
 // large ones.
 template <typename V>
@@ -851,7 +854,7 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         // prefill, whose passes then load and split each V vector for twice as many rows).
         constexpr dim value_rows = width == 16 ? 8 : 4;
         // With several passes, FP8 and f16 values are decoded once into L1 as the keys are: the pairs
-        // of this chunk for every dims group, at the element positions of a 64-token block.
+        // of this chunk for every dims group, at the element positions of a packed_chunk-token block.
         const bool v_once = rows > value_rows && v_type != data_type::f32 && v_type != data_type::bf16;
         const data_type v_source_type = v_once ? decoded_type(v_type) : v_type;
         bool v_nan_free = !V::fp8_by_table && v_source_type == data_type::f8_e4m3; // 8 pairs x 32 per group
@@ -881,7 +884,7 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                 common_begin = std::max(common_begin, vr.begin);
                 common_end = std::min(common_end, vr.end);
             }
-            // The values as stored, or their copy decoded into L1 (laid out as a 64-token block).
+            // The values as stored, or their copy decoded into L1 (laid out as a packed_chunk-token block).
             packed_values_rows job;
             const dim source_size = static_cast<dim>(data_type_size(v_source_type));
             for (dim g = 0; g < chunk.count; ++g) {
