@@ -348,9 +348,11 @@ struct timings {
 
 // Times cases with alternating repetitions (after two warm-ups): each repetition runs every case
 // once, then the ceiling once, so that drift biases neither the cases' ratios nor their fractions
-// of the ceiling. `flush`: the caches are evicted before each case.
+// of the ceiling. `flush`: the caches are evicted before each case. `ceiling_between` false: the
+// ceiling's repetitions follow the cases' instead (oneDNN's matmul runs on OpenMP threads that
+// spin for a while after it, which slowed the next case by up to 40%).
 timings time_alternating(config &cfg, const std::vector<std::function<void()>> &cases, long threads,
-                         bool flush, const std::function<double()> &ceiling) {
+                         bool flush, const std::function<double()> &ceiling, bool ceiling_between = true) {
     tbb::task_arena arena(static_cast<int>(threads));
     std::vector<std::vector<double>> times(cases.size());
     std::vector<double> ceiling_values;
@@ -361,7 +363,12 @@ timings time_alternating(config &cfg, const std::vector<std::function<void()>> &
             arena.execute(cases[i]);
             if (rep >= 0) times[i].push_back(seconds_since(start));
         }
+        if (!ceiling_between) continue;
         const double c = ceiling(); // with all threads, as at the start
+        if (rep >= 0) ceiling_values.push_back(c);
+    }
+    for (int rep = -2; rep < cfg.reps && !ceiling_between; ++rep) {
+        const double c = ceiling();
         if (rep >= 0) ceiling_values.push_back(c);
     }
     timings t;
@@ -389,7 +396,8 @@ void time_attention(config &cfg, const std::string &kind, std::vector<attention_
     ceilings &m = *cfg.machine;
     const timings t =
             kind == "prefill"
-                    ? time_alternating(cfg, runs, threads, flush, [&] { return m.prefill_gflop_per_s(); })
+                    ? time_alternating(
+                              cfg, runs, threads, flush, [&] { return m.prefill_gflop_per_s(); }, false)
                     : time_alternating(cfg, runs, threads, flush, [&] { return m.dram_read_gb_per_s(); });
     for (size_t i = 0; i < cases.size(); ++i)
         report(cfg, kind, *cases[i], threads, t.seconds[i], t.ceiling);
