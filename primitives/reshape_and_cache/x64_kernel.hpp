@@ -127,6 +127,13 @@ template <> struct codec<avx512_f32> : avx512_f32 {
     }
     /// The FP8 codes of 32 f16-domain values, q(0) and q(1) (see codec<avx2_f32>::fp8_codes32).
     template <bool is_e4m3, typename Quotients> static __m256i fp8_codes32(Quotients q) {
+        const reg y0 = q(0), y1 = q(1);
+        const __mmask32 negative = _mm512_kunpackw(_mm512_cmplt_epi32_mask(bits(y1), _mm512_setzero_si512()),
+                                                   _mm512_cmplt_epi32_mask(bits(y0), _mm512_setzero_si512()));
+        return fp8_codes32<is_e4m3>([&](dim k) { return k == 0 ? y0 : y1; }, negative);
+    }
+    /// As above with the signs given: bit i set where value i is negative.
+    template <bool is_e4m3, typename Quotients> static __m256i fp8_codes32(Quotients q, __mmask32 negative) {
         using F = fp8_format<is_e4m3>;
         const reg y0 = q(0), y1 = q(1);
         const ireg h = _mm512_inserti64x4(_mm512_castsi256_si512(fp8_grid_f16<is_e4m3>(y0)),
@@ -135,11 +142,14 @@ template <> struct codec<avx512_f32> : avx512_f32 {
         const __m256i magnitudes =
                 _mm256_min_epu8(_mm512_cvtepi16_epi8(_mm512_srli_epi16(h, is_e4m3 ? 7 : 8)),
                                 _mm256_set1_epi8(static_cast<char>(F::nan_code)));
-        const __mmask32 negative = _mm512_kunpackw(_mm512_cmplt_epi32_mask(bits(y1), _mm512_setzero_si512()),
-                                                   _mm512_cmplt_epi32_mask(bits(y0), _mm512_setzero_si512()));
-        return _mm256_mask_mov_epi8(magnitudes, negative,
-                                    _mm256_or_si256(magnitudes, _mm256_set1_epi8(static_cast<char>(0x80))));
+        // magnitudes <= 0x7F: adding the sign bit sets it (one masked operation)
+        return _mm256_mask_add_epi8(magnitudes, negative, magnitudes,
+                                    _mm256_set1_epi8(static_cast<char>(0x80)));
     }
+    // The signs of 32 bf16 or f16 values: their top bits, one mask operation. A quotient by a
+    // positive scale has its dividend's sign (zeros, infinities and NaNs included).
+    static constexpr bool signs_from_16bit = true;
+    static __mmask32 signs_16bit(const char *p) { return _mm512_movepi16_mask(_mm512_loadu_si512(p)); }
     // The amax of a bf16 or f16 row on its bits, the widest loads first.
     static float amax_16bit(const void *src, data_type dt, dim n) {
         return amax_16bit_by<avx512_f32, __m512i>(src, dt, n);
@@ -273,6 +283,7 @@ template <> struct codec<avx2_f32> : avx2_f32 {
     static float amax_16bit(const void *src, data_type dt, dim n) {
         return amax_16bit_by<avx2_f32, __m256i>(src, dt, n);
     }
+    static constexpr bool signs_from_16bit = false; // no mask registers: signs from the quotients
     static void amax_16bit_rows(const char *src, dim stride, data_type dt, dim n, float *out) {
         for (int j = 0; j < 16; ++j)
             out[j] = amax_16bit(src + j * stride, dt, n);
@@ -304,14 +315,23 @@ template <> struct codec<avx2_f32> : avx2_f32 {
 
 /// FP8 codes of x[i] / scale for n values (n a multiple of C::width; `load(i)`: x[i ..] as f32),
 /// 32 at a time by C::fp8_codes32, the last 8 to 24 through zero vectors and a buffer.
+/// `words16`: the input again when it is bf16 or f16 (else null), whose top bits give the signs
+/// where the codec can take them (C::signs_from_16bit).
 template <typename C, bool is_e4m3, bool then_by_256, typename Load>
-void encode_fp8_divided(Load load, dim n, typename C::reg divisor, char *dst) {
+void encode_fp8_divided(Load load, dim n, typename C::reg divisor, char *dst, const char *words16) {
     using reg = typename C::reg;
     auto quotient = [&](dim i) {
         const reg q = C::div(load(i), divisor);
         return then_by_256 ? C::mul(q, C::set1(1.f / 256.f)) : q;
     };
     dim i = 0;
+    if constexpr (C::signs_from_16bit)
+        if (words16)
+            for (; i + 32 <= n; i += 32)
+                _mm256_storeu_si256(
+                        reinterpret_cast<__m256i *>(dst + i),
+                        C::template fp8_codes32<is_e4m3>([&](dim k) { return quotient(i + k * C::width); },
+                                                         C::signs_16bit(words16 + 2 * i)));
     for (; i + 32 <= n; i += 32)
         _mm256_storeu_si256(
                 reinterpret_cast<__m256i *>(dst + i),
@@ -325,15 +345,15 @@ void encode_fp8_divided(Load load, dim n, typename C::reg divisor, char *dst) {
 }
 
 template <typename C, bool is_e4m3, typename Load>
-void encode_fp8_loaded(Load load, dim n, float scale, char *dst) {
+void encode_fp8_loaded(Load load, dim n, float scale, char *dst, const char *words16) {
     // e4m3 divides by scale * 2^8 (exact) to land in the f16 domain of fp8_grid_f16: the quotient
     // is the f32 quotient times 2^-8 wherever an FP8 code depends on it (it is below 2^-118
     // elsewhere). A scale whose 2^8 multiple overflows divides by itself and multiplies after.
     const float shifted = is_e4m3 ? scale * 256.f : scale;
     if (shifted <= FLT_MAX)
-        encode_fp8_divided<C, is_e4m3, false>(load, n, C::set1(shifted), dst);
+        encode_fp8_divided<C, is_e4m3, false>(load, n, C::set1(shifted), dst, words16);
     else
-        encode_fp8_divided<C, is_e4m3, true>(load, n, C::set1(scale), dst);
+        encode_fp8_divided<C, is_e4m3, true>(load, n, C::set1(scale), dst, words16);
 }
 
 /// The FP8 codes of n values of type in_type (f32, bf16, f16) x[i] / scale.
@@ -341,14 +361,16 @@ template <typename C>
 void encode_fp8(const void *src, data_type in_type, dim n, float scale, bool is_e4m3, void *dst) {
     const auto *in = static_cast<const char *>(src);
     char *out = static_cast<char *>(dst);
-    auto encode = [&](auto load) {
-        is_e4m3 ? encode_fp8_loaded<C, true>(load, n, scale, out)
-                : encode_fp8_loaded<C, false>(load, n, scale, out);
+    auto encode = [&](auto load, const char *words16) {
+        is_e4m3 ? encode_fp8_loaded<C, true>(load, n, scale, out, words16)
+                : encode_fp8_loaded<C, false>(load, n, scale, out, words16);
     };
     switch (in_type) {
-        case data_type::bf16: encode([in](dim i) { return C::load_bf16(in + 2 * i); }); break;
-        case data_type::f16: encode([in](dim i) { return C::load_f16(in + 2 * i); }); break;
-        default: encode([in](dim i) { return C::load(reinterpret_cast<const float *>(in) + i); }); break;
+        case data_type::bf16: encode([in](dim i) { return C::load_bf16(in + 2 * i); }, in); break;
+        case data_type::f16: encode([in](dim i) { return C::load_f16(in + 2 * i); }, in); break;
+        default:
+            encode([in](dim i) { return C::load(reinterpret_cast<const float *>(in) + i); }, nullptr);
+            break;
     }
 }
 
