@@ -467,12 +467,17 @@ void scatter_packed(const unsigned char *row, dim n, bool is_value, dim t, dim b
 
 // The scale of one (token, head) row by the mask; a per-token scale is computed from `amax` and
 // written.
+// A per-token scale: the row's amax over the format's largest finite value (`largest`), at least
+// FLT_MIN, as the reference computes it.
+inline float token_scale(float amax, float largest) {
+    return std::max(amax / largest, FLT_MIN);
+}
+
 inline float row_scale(const reshape_and_cache_problem &p, float amax, bool is_value, float *scales,
                        dim block, dim head, dim offset) {
     const int mask = is_value ? p.v_scales_mask : p.k_scales_mask;
     if (mask == scales_per_token) {
-        const float scale =
-                std::max(amax / fp8_max((is_value ? p.v_cache : p.k_cache).get_data_type()), FLT_MIN);
+        const float scale = token_scale(amax, fp8_max((is_value ? p.v_cache : p.k_cache).get_data_type()));
         scales[(block * p.kv_heads + head) * p.block_size + offset] = scale;
         return scale;
     }
@@ -658,9 +663,17 @@ void store_group(const reshape_and_cache_problem &p, const reshape_and_cache_arg
         // and one row of it left the core mostly idle (~175 cycles per row, ~100 in passes).
         const bool per_token = (is_value ? p.v_scales_mask : p.k_scales_mask) == scales_per_token;
         float row_scales[packed_group] = {};
-        if (per_token) codec<V>::amax_16bit_rows(input_row(0), token_stride * in_es, in_type, n, row_scales);
-        for (dim j = 0; j < packed_group; ++j)
-            row_scales[j] = row_scale(p, row_scales[j], is_value, scales, block, head, offset0 + j);
+        if (per_token) {
+            // row_scale's per-token scales of the 16 rows at once (they are contiguous).
+            codec<V>::amax_16bit_rows(input_row(0), token_stride * in_es, in_type, n, row_scales);
+            float *group_scales = scales + (block * p.kv_heads + head) * p.block_size + offset0;
+            const float largest = fp8_max(dt);
+            for (dim j = 0; j < packed_group; ++j)
+                group_scales[j] = row_scales[j] = token_scale(row_scales[j], largest);
+        } else {
+            for (dim j = 0; j < packed_group; ++j)
+                row_scales[j] = row_scale(p, 0.f, is_value, scales, block, head, offset0 + j);
+        }
         for (dim j = 0; j < packed_group; ++j)
             encode_fp8<codec<V>>(input_row(j), in_type, n, row_scales[j], dt == data_type::f8_e4m3,
                                  rows + j * n * es);
