@@ -465,14 +465,14 @@ void scatter_packed(const unsigned char *row, dim n, bool is_value, dim t, dim b
     }
 }
 
-// The scale of one (token, head) row by the mask; a per-token scale is computed from `amax` and
-// written.
 // A per-token scale: the row's amax over the format's largest finite value (`largest`), at least
 // FLT_MIN, as the reference computes it.
 inline float token_scale(float amax, float largest) {
     return std::max(amax / largest, FLT_MIN);
 }
 
+// The scale of one (token, head) row by the mask; a per-token scale is computed from `amax` and
+// written.
 inline float row_scale(const reshape_and_cache_problem &p, float amax, bool is_value, float *scales,
                        dim block, dim head, dim offset) {
     const int mask = is_value ? p.v_scales_mask : p.k_scales_mask;
