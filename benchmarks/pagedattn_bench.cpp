@@ -126,6 +126,9 @@ public:
         bf16_ = make_matmul(dnnl::memory::data_type::bf16);
         f32_ = make_matmul(dnnl::memory::data_type::f32);
     }
+    ~ceilings() {
+        if (sink_ == 42) std::puts(""); // the sums are used
+    }
 
     /// One read of the 1 GiB with all threads.
     double dram_read_gb_per_s() {
@@ -182,11 +185,6 @@ private:
     big_array<uint64_t> data_;
     std::unique_ptr<matmul> bf16_, f32_;
     uint64_t sink_ = 0;
-
-public:
-    ~ceilings() {
-        if (sink_ == 42) std::puts(""); // the sums are used
-    }
 };
 
 /// Median of `reps` repetitions of a ceiling after two warm-ups.
