@@ -7,7 +7,7 @@
 //   - FP8: q = fp8(x / scale), a true f32 division, saturated to +-max (+-inf too), NaN to the
 //     canonical NaN with its sign; rounded by an FP addition that drops exactly the format's excess
 //     mantissa bits, then vcvtps2ph, exact there, into f16 bits that hold the code
-//     (codec<avx2_f32>::fp8_grid_f16), 32 values per store (encode_fp8_divided, one template over
+//     (fp8_grid_f16), 32 values per store (encode_fp8_divided, one template over
 //     both codecs);
 //   - bf16: integer round-to-nearest-even, NaN quieted (bits >> 16 | 0x40); f16: vcvtps2ph in
 //     nearest-even mode, whose NaN (sign | 0x7E00 | payload >> 13) and overflow (>= 65520 to inf)
@@ -56,6 +56,25 @@ template <bool is_e4m3> struct fp8_format {
 
 // Per-ISA encoders over the f32 vector type; specialised below.
 template <typename V> struct codec;
+
+// The magnitude of y rounded onto the FP8 grid, as f16 bits, for one codec's vector of values. y is
+// the value in the f16 domain (x / scale times 2^-8 for e4m3, whose codes then are the f16 bits
+// >> 7; x / scale for e5m2, the top byte of f16). The rounding is the FP addition's own (to nearest
+// even: MXCSR's default, which the division assumes too): adding c = 2^(E + 23 - mantissa_bits), E
+// the exponent of |y| but at least the smallest normal's, keeps exactly the format's mantissa bits,
+// subnormals included, and subtracting c is exact. The rounded value is exact in f16, so vcvtps2ph
+// only changes the format. |y| is clamped at the largest finite value (+inf saturates); a NaN passes
+// the min (its second operand) and the arithmetic as a NaN, whose f16 code lies above the format's
+// NaN code.
+template <typename C, bool is_e4m3> auto fp8_grid_f16(typename C::reg y) {
+    using F = fp8_format<is_e4m3>;
+    const auto magnitude = C::from_bits(C::and_bits(C::bits(y), C::set1i(0x7FFFFFFF)));
+    const auto clamped = C::min(C::set1(F::max_f16_domain), magnitude);
+    const auto exponent = C::max_bits(C::and_bits(C::bits(clamped), C::set1i(0x7F800000)),
+                                      C::set1i(0x38800000)); // 2^-14, f16's smallest normal
+    const auto c = C::from_bits(C::add_bits(exponent, C::set1i(F::drop << 23)));
+    return C::to_f16(C::sub(C::add(clamped, c), c));
+}
 
 // The largest finite |x| of n bf16 or f16 values (n a multiple of 8), 0 if none: a signed max over
 // the magnitude bits plus an offset that makes exactly the non-finite ones negative (the magnitude
@@ -114,17 +133,14 @@ template <> struct codec<avx512_f32> : avx512_f32 {
         const ireg m = _mm512_and_si512(bits(x), set1i(0x7FFFFFFF));
         return _mm512_castsi512_ps(_mm512_maskz_mov_epi32(_mm512_cmplt_epi32_mask(m, set1i(0x7F800000)), m));
     }
-    // As codec<avx2_f32>::fp8_grid_f16, 16 values.
-    template <bool is_e4m3> static __m256i fp8_grid_f16(reg y) {
-        using F = fp8_format<is_e4m3>;
-        const reg magnitude = _mm512_castsi512_ps(_mm512_and_si512(bits(y), set1i(0x7FFFFFFF)));
-        const reg clamped = _mm512_min_ps(_mm512_set1_ps(F::max_f16_domain), magnitude);
-        const ireg exponent = _mm512_max_epi32(_mm512_and_si512(bits(clamped), set1i(0x7F800000)),
-                                               set1i(0x38800000)); // 2^-14, f16's smallest normal
-        const reg c = _mm512_castsi512_ps(_mm512_add_epi32(exponent, set1i(F::drop << 23)));
-        return _mm512_cvtps_ph(_mm512_sub_ps(_mm512_add_ps(clamped, c), c),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    }
+    // The integer and f16 steps of fp8_grid_f16 (on 32-bit lanes).
+    static reg from_bits(ireg x) { return _mm512_castsi512_ps(x); }
+    static ireg and_bits(ireg a, ireg b) { return _mm512_and_si512(a, b); }
+    static ireg max_bits(ireg a, ireg b) { return _mm512_max_epi32(a, b); }
+    static ireg add_bits(ireg a, ireg b) { return _mm512_add_epi32(a, b); }
+    static reg min(reg a, reg b) { return _mm512_min_ps(a, b); }
+    static reg sub(reg a, reg b) { return _mm512_sub_ps(a, b); }
+    static __m256i to_f16(reg x) { return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
     /// The FP8 codes of 32 f16-domain values, q(0) and q(1) (see codec<avx2_f32>::fp8_codes32).
     template <bool is_e4m3, typename Quotients> static __m256i fp8_codes32(Quotients q) {
         const reg y0 = q(0), y1 = q(1);
@@ -136,8 +152,8 @@ template <> struct codec<avx512_f32> : avx512_f32 {
     template <bool is_e4m3, typename Quotients> static __m256i fp8_codes32(Quotients q, __mmask32 negative) {
         using F = fp8_format<is_e4m3>;
         const reg y0 = q(0), y1 = q(1);
-        const ireg h = _mm512_inserti64x4(_mm512_castsi256_si512(fp8_grid_f16<is_e4m3>(y0)),
-                                          fp8_grid_f16<is_e4m3>(y1), 1);
+        const ireg h = _mm512_inserti64x4(_mm512_castsi256_si512(fp8_grid_f16<codec, is_e4m3>(y0)),
+                                          fp8_grid_f16<codec, is_e4m3>(y1), 1);
         // NaNs' f16 codes lie above the NaN code, finite ones at or below the largest finite code.
         const __m256i magnitudes =
                 _mm256_min_epu8(_mm512_cvtepi16_epi8(_mm512_srli_epi16(h, is_e4m3 ? 7 : 8)),
@@ -237,25 +253,14 @@ template <> struct codec<avx2_f32> : avx2_f32 {
         return _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(set1i(0x7F800000), m), m));
     }
     static ireg select(ireg mask, ireg a, ireg b) { return _mm256_blendv_epi8(b, a, mask); }
-    // The magnitude of y rounded onto the FP8 grid, as f16 bits. y is the value in the f16 domain
-    // (x / scale times 2^-8 for e4m3, whose codes then are the f16 bits >> 7; x / scale for e5m2,
-    // the top byte of f16). The rounding is the FP addition's own (to nearest even: MXCSR's
-    // default, which the division assumes too): adding c = 2^(E + 23 - mantissa_bits), E the
-    // exponent of |y| but at least the smallest normal's, keeps exactly the format's mantissa bits,
-    // subnormals included, and subtracting c is exact. The rounded value is exact in f16, so
-    // vcvtps2ph only changes the format. |y| is clamped at the largest finite value (+inf
-    // saturates); a NaN passes the min (its second operand) and the arithmetic as a NaN, whose f16
-    // code lies above the format's NaN code.
-    template <bool is_e4m3> static __m128i fp8_grid_f16(reg y) {
-        using F = fp8_format<is_e4m3>;
-        const reg magnitude = _mm256_castsi256_ps(_mm256_and_si256(bits(y), set1i(0x7FFFFFFF)));
-        const reg clamped = _mm256_min_ps(_mm256_set1_ps(F::max_f16_domain), magnitude);
-        const ireg exponent = _mm256_max_epi32(_mm256_and_si256(bits(clamped), set1i(0x7F800000)),
-                                               set1i(0x38800000)); // 2^-14, f16's smallest normal
-        const reg c = _mm256_castsi256_ps(_mm256_add_epi32(exponent, set1i(F::drop << 23)));
-        const reg rounded = _mm256_sub_ps(_mm256_add_ps(clamped, c), c);
-        return _mm256_cvtps_ph(rounded, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    }
+    // The integer and f16 steps of fp8_grid_f16 (on 32-bit lanes).
+    static reg from_bits(ireg x) { return _mm256_castsi256_ps(x); }
+    static ireg and_bits(ireg a, ireg b) { return _mm256_and_si256(a, b); }
+    static ireg max_bits(ireg a, ireg b) { return _mm256_max_epi32(a, b); }
+    static ireg add_bits(ireg a, ireg b) { return _mm256_add_epi32(a, b); }
+    static reg min(reg a, reg b) { return _mm256_min_ps(a, b); }
+    static reg sub(reg a, reg b) { return _mm256_sub_ps(a, b); }
+    static __m128i to_f16(reg x) { return _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
     static ireg set1_byte(int x) { return _mm256_set1_epi8(static_cast<char>(x)); }
     static reg div(reg a, reg b) { return _mm256_div_ps(a, b); }
     // The FP8 codes of 32 f16-domain values (see fp8_grid_f16), q(0) .. q(3), 32 bytes in order.
@@ -264,9 +269,9 @@ template <> struct codec<avx2_f32> : avx2_f32 {
         const reg y0 = q(0), y1 = q(1), y2 = q(2), y3 = q(3);
         constexpr int shift = is_e4m3 ? 7 : 8;
         const ireg low = _mm256_srli_epi16(
-                _mm256_set_m128i(fp8_grid_f16<is_e4m3>(y1), fp8_grid_f16<is_e4m3>(y0)), shift);
+                _mm256_set_m128i(fp8_grid_f16<codec, is_e4m3>(y1), fp8_grid_f16<codec, is_e4m3>(y0)), shift);
         const ireg high = _mm256_srli_epi16(
-                _mm256_set_m128i(fp8_grid_f16<is_e4m3>(y3), fp8_grid_f16<is_e4m3>(y2)), shift);
+                _mm256_set_m128i(fp8_grid_f16<codec, is_e4m3>(y3), fp8_grid_f16<codec, is_e4m3>(y2)), shift);
         // packus leaves the 64-bit quarters as y0 y2 y1 y3. Finite codes lie at or below the largest
         // finite code, NaNs' f16 codes above the NaN code: the min makes them canonical.
         const ireg magnitudes = _mm256_min_epu8(
