@@ -152,8 +152,10 @@ template <> struct codec<avx512_f32> : avx512_f32 {
     template <bool is_e4m3, typename Quotients> static __m256i fp8_codes32(Quotients q, __mmask32 negative) {
         using F = fp8_format<is_e4m3>;
         const reg y0 = q(0), y1 = q(1);
-        const ireg h = _mm512_inserti64x4(_mm512_castsi256_si512(fp8_grid_f16<codec, is_e4m3>(y0)),
-                                          fp8_grid_f16<codec, is_e4m3>(y1), 1);
+        // (the grid's halves named first: clang's _mm512_inserti64x4 is a macro, and a template
+        // argument list's comma would split its arguments)
+        const __m256i low = fp8_grid_f16<codec, is_e4m3>(y0), high = fp8_grid_f16<codec, is_e4m3>(y1);
+        const ireg h = _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
         // NaNs' f16 codes lie above the NaN code, finite ones at or below the largest finite code.
         const __m256i magnitudes =
                 _mm256_min_epu8(_mm512_cvtepi16_epi8(_mm512_srli_epi16(h, is_e4m3 ? 7 : 8)),
@@ -267,11 +269,11 @@ template <> struct codec<avx2_f32> : avx2_f32 {
     template <bool is_e4m3, typename Quotients> static ireg fp8_codes32(Quotients q) {
         using F = fp8_format<is_e4m3>;
         const reg y0 = q(0), y1 = q(1), y2 = q(2), y3 = q(3);
+        const __m128i grid_y0 = fp8_grid_f16<codec, is_e4m3>(y0), grid_y1 = fp8_grid_f16<codec, is_e4m3>(y1),
+                      grid_y2 = fp8_grid_f16<codec, is_e4m3>(y2), grid_y3 = fp8_grid_f16<codec, is_e4m3>(y3);
         constexpr int shift = is_e4m3 ? 7 : 8;
-        const ireg low = _mm256_srli_epi16(
-                _mm256_set_m128i(fp8_grid_f16<codec, is_e4m3>(y1), fp8_grid_f16<codec, is_e4m3>(y0)), shift);
-        const ireg high = _mm256_srli_epi16(
-                _mm256_set_m128i(fp8_grid_f16<codec, is_e4m3>(y3), fp8_grid_f16<codec, is_e4m3>(y2)), shift);
+        const ireg low = _mm256_srli_epi16(_mm256_set_m128i(grid_y1, grid_y0), shift);
+        const ireg high = _mm256_srli_epi16(_mm256_set_m128i(grid_y3, grid_y2), shift);
         // packus leaves the 64-bit quarters as y0 y2 y1 y3. Finite codes lie at or below the largest
         // finite code, NaNs' f16 codes above the NaN code: the min makes them canonical.
         const ireg magnitudes = _mm256_min_epu8(
