@@ -48,6 +48,7 @@ cpu_isa detect_host_cpu_isa() {
     __cpuid_count(7, 0, eax, ebx, ecx, edx);
     const bool avx2 = ebx & (1u << 5);
     const bool avx512f = ebx & (1u << 16), avx512bw = ebx & (1u << 30), avx512vl = ebx & (1u << 31);
+    const bool avx512_vbmi = ecx & (1u << 1);
     const bool amx_bf16 = edx & (1u << 22), amx_tile = edx & (1u << 24);
     const unsigned leaf7_subleaves = eax;
     bool avx512_bf16 = false;
@@ -58,7 +59,9 @@ cpu_isa detect_host_cpu_isa() {
     }
     if (!(avx2 && fma && f16c)) return cpu_isa::generic;
     if (!(avx512f && avx512bw && avx512vl) || (xcr0 & 0xE0) != 0xE0) return cpu_isa::avx2;
-    if (!avx512_bf16) return cpu_isa::avx512;
+    // The avx512_bf16 tier decodes FP8 by byte tables (AVX512-VBMI): every CPU with AVX512-BF16
+    // has VBMI but Cooper Lake, which x64:avx512 then serves.
+    if (!avx512_bf16 || !avx512_vbmi) return cpu_isa::avx512;
     if (!(amx_bf16 && amx_tile) || (xcr0 & 0x60000) != 0x60000 || !request_amx_permission())
         return cpu_isa::avx512_bf16;
     return cpu_isa::amx;

@@ -165,7 +165,7 @@ enum class cpu_isa : int {
     generic = 0,     ///< portable C++ only (the reference)
     avx2 = 1,        ///< AVX2 + FMA + F16C
     avx512 = 2,      ///< AVX-512 F/BW/VL
-    avx512_bf16 = 3, ///< plus AVX512-BF16
+    avx512_bf16 = 3, ///< plus AVX512-BF16 and AVX512-VBMI (not Cooper Lake: BF16 without VBMI)
     amx = 4,         ///< plus AMX-TILE/AMX-BF16 with the OS permission granted
     all = 5,         ///< no cap
 };

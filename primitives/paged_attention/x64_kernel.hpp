@@ -331,12 +331,19 @@ void packed_pair_scores(const char *const *k_groups, dim k_size, const uint32_t 
     bool in_order = G > 1;
     for (int g = 1; g < G && in_order; ++g)
         in_order = k_groups[g] == k_groups[0] + g * group_bytes && ahead[g] == ahead[0];
-    for (dim pair = 0; pair < d / 2; pair += chains)
-        for (int c = 0; c < chains; ++c) {
-            typename V::pairs k[G];
+    // FP8 keys are decoded two rows of pairs (64 codes, one line) at a time: the byte tables' cost
+    // per code halves.
+    constexpr int rows_per_load = k_type == data_type::bf16 ? 1 : 2;
+    constexpr int step = chains > rows_per_load ? chains : rows_per_load; // d / 2: 8 x
+    for (dim pair = 0; pair < d / 2; pair += step)
+        for (int c = 0; c < step; c += rows_per_load) {
+            typename V::pairs k[rows_per_load][G];
             for (int g = 0; g < G; ++g) {
                 const char *k_pairs = k_groups[g] + (pair + c) * 32 * k_size; // 64 bytes (bf16) or 32 (FP8)
-                k[g] = V::load_bf16_pairs(k_pairs, k_type);
+                if constexpr (rows_per_load == 2)
+                    V::load_two_bf16_pairs(k_pairs, k_type, k[0][g], k[1][g]);
+                else
+                    k[0][g] = V::load_bf16_pairs(k_pairs, k_type);
                 if (k_type == data_type::bf16 || (pair + c) % 2 == 0) {
                     if (in_order) // line (pair, g) of the walk: the (pair x G + g)-th of the groups'
                         prefetch_ahead(k_groups[0] +
@@ -347,10 +354,13 @@ void packed_pair_scores(const char *const *k_groups, dim k_size, const uint32_t 
                         prefetch_ahead(k_pairs, ahead[g]);
                 }
             }
-            for (int r = 0; r < N; ++r) {
-                const typename V::pairs q = V::broadcast_pair(q_pairs[(pair + c) * N + r]);
-                for (int g = 0; g < G; ++g)
-                    s[r][g][c] = V::dot_pairs(s[r][g][c], q, k[g]);
+            for (int h = 0; h < rows_per_load; ++h) {
+                const int chain = (c + h) % chains;
+                for (int r = 0; r < N; ++r) {
+                    const typename V::pairs q = V::broadcast_pair(q_pairs[(pair + c + h) * N + r]);
+                    for (int g = 0; g < G; ++g)
+                        s[r][g][chain] = V::dot_pairs(s[r][g][chain], q, k[h][g]);
+                }
             }
         }
     for (int r = 0; r < N; ++r)
@@ -438,11 +448,8 @@ __attribute__((always_inline)) inline void packed_values_slice(const packed_valu
         // (pair x S + i)-th, so the memory sees one stream instead of S interleaved ones.
         const char *in_order =
                 job.next_region ? job.next_region + (v0 * width / 16) * job.dims_group_stride : nullptr;
-        for (dim pair = group_begin; pair < group_end; ++pair) {
-            R first[S], second[S];
-            for (int i = 0; i < S; ++i)
-                V::template load_pair<may_hold_nan>(rows[i] + (pair - group_begin) * step, v_type, first[i],
-                                                    second[i]);
+        auto accumulate = [&](dim pair, const R(&first)[S], const R(&second)[S])
+                __attribute__((always_inline)) {
             for (int i = 0; i < S; ++i)
                 if (starts_line(i)) {
                     if (in_order)
@@ -460,6 +467,30 @@ __attribute__((always_inline)) inline void packed_values_slice(const packed_valu
                 for (int i = 0; i < S; ++i)
                     out[r][i] = V::fma(w1, second[i], out[r][i]);
             }
+        };
+        for (dim pair = group_begin; pair < group_end;) {
+            R first[S], second[S];
+            if constexpr (V::fp8_by_table && (v_type == data_type::f8_e4m3 || v_type == data_type::f8_e5m2)) {
+                if (pair + 1 < group_end) { // two pairs (64 codes, a line) decoded at a time
+                    __m512i next[S];
+                    for (int i = 0; i < S; ++i) {
+                        __m512i x;
+                        V::load_two_fp8_as_bf16(rows[i] + (pair - group_begin) * step, v_type, x, next[i]);
+                        V::split_pairs(x, first[i], second[i]);
+                    }
+                    accumulate(pair, first, second);
+                    for (int i = 0; i < S; ++i)
+                        V::split_pairs(next[i], first[i], second[i]);
+                    accumulate(pair + 1, first, second);
+                    pair += 2;
+                    continue;
+                }
+            }
+            for (int i = 0; i < S; ++i)
+                V::template load_pair<may_hold_nan>(rows[i] + (pair - group_begin) * step, v_type, first[i],
+                                                    second[i]);
+            accumulate(pair, first, second);
+            ++pair;
         }
         group_begin = group_end;
     }
@@ -721,12 +752,15 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         const data_type k_source_type = !k_once ? k_type : decoded_type(k_type);
         if (k_once) {
             for (dim g = 0; g < chunk.count; ++g)
-                for (dim i = 0; i < 16 * d; i += 2 * width) {
+                for (dim i = 0; i < 16 * d; i += V::pair_products ? 4 * width : 2 * width) {
                     const char *source = chunk.k[g] + i * k_size;
                     if (i * k_size % 64 == 0) prefetch_ahead(source, k_ahead[g]);
-                    if constexpr (V::pair_products) {
-                        V::store_pairs(reinterpret_cast<uint16_t *>(k_decoded) + g * 16 * d + i,
-                                       V::load_bf16_pairs(source, k_type));
+                    if constexpr (V::pair_products) { // (FP8 keys only: 64 codes, a line, at a time)
+                        typename V::pairs first, second;
+                        V::load_two_bf16_pairs(source, k_type, first, second);
+                        uint16_t *copy = reinterpret_cast<uint16_t *>(k_decoded) + g * 16 * d + i;
+                        V::store_pairs(copy, first);
+                        V::store_pairs(copy + 2 * width, second);
                     } else {
                         R first, second;
                         V::load_pair(source, k_type, first, second);

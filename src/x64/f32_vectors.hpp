@@ -303,28 +303,31 @@ struct avx2_f32 {
 };
 #endif
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__) && defined(__AVX512VBMI__)
 /// The bf16 bits of each FP8 magnitude (code & 0x7F), for decoding by table: exact, FP8 subnormals
-/// as normal bf16 numbers (vdpbf16ps reads bf16 denormals as zero), inf and NaN as bf16's.
+/// as normal bf16 numbers (vdpbf16ps reads bf16 denormals as zero), inf and NaN as bf16's. Kept as
+/// two 128-byte tables, low and high bytes, each one two-register byte permute (vpermt2b).
 struct fp8_bf16_table {
-    alignas(64) uint16_t bits[128] = {};
+    alignas(64) uint8_t low[128] = {};
+    alignas(64) uint8_t high[128] = {};
     constexpr explicit fp8_bf16_table(data_type dt) {
         const int mantissa_bits = dt == data_type::f8_e4m3 ? 3 : 2, bias = dt == data_type::f8_e4m3 ? 7 : 15;
-        for (int m = 0; m < 128; ++m) {
-            int exponent = m >> mantissa_bits, fraction = m & ((1 << mantissa_bits) - 1);
+        for (int m = 1; m < 128; ++m) {
+            int exponent = m >> mantissa_bits, fraction = m & ((1 << mantissa_bits) - 1), bits = 0;
             if (dt == data_type::f8_e4m3 ? m == 0x7F : exponent == 31) {
-                bits[m] = dt == data_type::f8_e5m2 && fraction == 0 ? 0x7F80 : 0x7FC0;
-                continue;
+                bits = dt == data_type::f8_e5m2 && fraction == 0 ? 0x7F80 : 0x7FC0;
+            } else {
+                int power = exponent - bias; // value: (1 + fraction / 2^mantissa_bits) * 2^power
+                if (exponent == 0) {         // subnormal: fraction / 2^mantissa_bits * 2^(1 - bias)
+                    power = 1 - bias;
+                    while (fraction < (1 << mantissa_bits))
+                        fraction <<= 1, --power;
+                    fraction -= 1 << mantissa_bits;
+                }
+                bits = (power + 127) << 7 | fraction << (7 - mantissa_bits);
             }
-            if (m == 0) continue;
-            int power = exponent - bias; // value: (1 + fraction / 2^mantissa_bits) * 2^power
-            if (exponent == 0) {         // subnormal: fraction / 2^mantissa_bits * 2^(1 - bias)
-                power = 1 - bias;
-                while (fraction < (1 << mantissa_bits))
-                    fraction <<= 1, --power;
-                fraction -= 1 << mantissa_bits;
-            }
-            bits[m] = static_cast<uint16_t>((power + 127) << 7 | fraction << (7 - mantissa_bits));
+            low[m] = static_cast<uint8_t>(bits & 0xFF);
+            high[m] = static_cast<uint8_t>(bits >> 8);
         }
     }
 };
@@ -332,38 +335,58 @@ inline constexpr fp8_bf16_table e4m3_in_bf16 { data_type::f8_e4m3 }, e5m2_in_bf1
 
 /// avx512_f32 plus bf16 pair products (vdpbf16ps) for the scores: q . k over a pair of dims in one
 /// instruction. The products of bf16 values are exact in f32; the keys (bf16, or FP8 converted
-/// exactly) are never bf16 denormals, which vdpbf16ps would read as zero.
+/// exactly) are never bf16 denormals, which vdpbf16ps would read as zero. FP8 is converted by byte
+/// tables (AVX512-VBMI, which every CPU with AVX512-BF16 but Cooper Lake has).
 struct avx512_bf16_f32 : avx512_f32 {
     static constexpr bool pair_products = true;
     using pairs = __m512bh;
 
     static constexpr bool fp8_by_table = true; // FP8 decoding has no NaN patch to skip
 
-    // 32 FP8 codes, sign-extended to 16-bit lanes, to bf16 bits, by table: two 64-word permutes
-    // (which read only an index's low 6 bits) look up the bits of the magnitude (subnormals, inf and
-    // NaN included: no special cases); the sign, already at bit 15, is copied after.
-    static __m512i fp8_to_bf16(__m512i x, data_type dt) {
-        const uint16_t *t = (dt == data_type::f8_e4m3 ? e4m3_in_bf16 : e5m2_in_bf16).bits;
-        const __m512i below_64 =
-                _mm512_permutex2var_epi16(_mm512_load_si512(t), x, _mm512_load_si512(t + 32));
-        const __m512i from_64 =
-                _mm512_permutex2var_epi16(_mm512_load_si512(t + 64), x, _mm512_load_si512(t + 96));
-        const __m512i bits = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(x, _mm512_set1_epi16(0x40)),
-                                                     below_64, from_64);
-        // bits | (x & 0x8000)
-        return _mm512_ternarylogic_epi32(bits, x, _mm512_set1_epi16(static_cast<short>(0x8000)), 0xF8);
+    // 64 FP8 codes to bf16 bits, codes 0..31 into `first` and 32..63 into `second`: three
+    // operations per 32 codes. Two byte permutes (which read an index's low 7 bits) look up the low
+    // and high bytes of the magnitude's bits (subnormals, inf and NaN included: no special cases),
+    // the code's sign is copied into the high bytes, and the bytes are interleaved into words.
+    // The interleave works within 128-bit lanes, so the codes are first put in the order it takes
+    // them: lane L's 8 low bytes are codes 8L..8L+7, its 8 high bytes codes 32+8L..32+8L+7.
+    static void fp8_to_bf16(__m512i codes, data_type dt, __m512i &first, __m512i &second) {
+        const fp8_bf16_table &t = dt == data_type::f8_e4m3 ? e4m3_in_bf16 : e5m2_in_bf16;
+        const __m512i interleave_order = _mm512_set_epi64(
+                0x3F3E3D3C3B3A3938, 0x1F1E1D1C1B1A1918, 0x3736353433323130, 0x1716151413121110,
+                0x2F2E2D2C2B2A2928, 0x0F0E0D0C0B0A0908, 0x2726252423222120, 0x0706050403020100);
+        const __m512i c = _mm512_permutexvar_epi8(interleave_order, codes);
+        const __m512i low =
+                _mm512_permutex2var_epi8(_mm512_load_si512(t.low), c, _mm512_load_si512(t.low + 64));
+        const __m512i high =
+                _mm512_permutex2var_epi8(_mm512_load_si512(t.high), c, _mm512_load_si512(t.high + 64));
+        // high | (c & 0x80)
+        const __m512i signed_high =
+                _mm512_ternarylogic_epi32(high, c, _mm512_set1_epi8(static_cast<char>(0x80)), 0xF8);
+        first = _mm512_unpacklo_epi8(low, signed_high);
+        second = _mm512_unpackhi_epi8(low, signed_high);
     }
     static __m512i load_fp8_as_bf16(const void *p, data_type dt) {
-        return fp8_to_bf16(_mm512_cvtepi8_epi16(_mm256_loadu_si256(static_cast<const __m256i *>(p))), dt);
+        __m512i first, second;
+        fp8_to_bf16(_mm512_zextsi256_si512(_mm256_loadu_si256(static_cast<const __m256i *>(p))), dt, first,
+                    second);
+        return first;
     }
-    // As avx512_f32::load_pair, but FP8 through the bf16 table: exact values (load_unit 1), in ~8
-    // vector operations per 32 codes (the table's 6, then the pair split) instead of ~12.
+    // As avx512_f32::load_pair, but FP8 through the bf16 tables: exact values (load_unit 1).
     template <bool may_hold_nan = true>
     __attribute__((always_inline)) static void load_pair(const void *p, data_type dt, reg &first,
                                                          reg &second) {
         if (dt != data_type::f8_e4m3 && dt != data_type::f8_e5m2)
             return avx512_f32::load_pair<may_hold_nan>(p, dt, first, second);
-        const __m512i x = load_fp8_as_bf16(p, dt);
+        split_pairs(load_fp8_as_bf16(p, dt), first, second);
+    }
+    // Two consecutive load_pairs' worth (64 FP8 codes) decoded together, as bf16 pairs: p's into
+    // x0, p + 32's into x1 (split_pairs gives load_pair's first and second).
+    __attribute__((always_inline)) static void load_two_fp8_as_bf16(const void *p, data_type dt, __m512i &x0,
+                                                                    __m512i &x1) {
+        fp8_to_bf16(_mm512_loadu_si512(p), dt, x0, x1);
+    }
+    // bf16 pairs to f32: each pair's first is its low half, its second its high half.
+    static void split_pairs(__m512i x, reg &first, reg &second) {
         first = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
         second = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
     }
@@ -372,6 +395,18 @@ struct avx512_bf16_f32 : avx512_f32 {
     __attribute__((always_inline)) static pairs load_bf16_pairs(const void *p, data_type dt) {
         if (dt == data_type::bf16) return (pairs)_mm512_loadu_si512(p);
         return (pairs)load_fp8_as_bf16(p, dt);
+    }
+    /// 32 pairs (two consecutive packed K rows): p's into `first`, p + 64 elements' into `second`.
+    __attribute__((always_inline)) static void load_two_bf16_pairs(const void *p, data_type dt, pairs &first,
+                                                                   pairs &second) {
+        if (dt == data_type::bf16) {
+            first = (pairs)_mm512_loadu_si512(p);
+            second = (pairs)_mm512_loadu_si512(static_cast<const char *>(p) + 64);
+            return;
+        }
+        __m512i x0, x1;
+        load_two_fp8_as_bf16(p, dt, x0, x1);
+        first = (pairs)x0, second = (pairs)x1;
     }
     static void store_pairs(uint16_t *p, pairs k) { _mm512_storeu_si512(p, (__m512i)k); }
     /// (q0, q1), given as bf16 bits, in every lane.
