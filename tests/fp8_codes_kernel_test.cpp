@@ -32,19 +32,21 @@ pa::dim offset(pa::layout l, bool value, pa::dim block, pa::dim t, pa::dim d, pa
 struct setup {
     pa::data_type dt;
     pa::layout l;
-    pa::data_type q_dt; // f32 or bf16 (the values used are exact in bf16)
+    pa::data_type q_dt;   // f32 or bf16 (the values used are exact in bf16)
+    pa::data_type dst_dt; // f32 or bf16 (with bf16, x64:avx512_bf16 multiplies the values in bf16 pairs)
     pa::dim tokens;
     pa::dim head_size;
     std::vector<uint8_t> k, v;
     std::vector<int32_t> table, lens, starts { 0, 1 };
     std::vector<float> q, dst;
     pa::tensor_desc cache_md;
-    std::vector<uint16_t> q_bf16;
+    std::vector<uint16_t> q_bf16, dst_bf16;
 
-    setup(pa::data_type dt_, pa::layout l_, pa::data_type q_dt_, pa::dim tokens_, pa::dim head_size_ = 16)
-        : dt(dt_), l(l_), q_dt(q_dt_), tokens(tokens_), head_size(head_size_),
+    setup(pa::data_type dt_, pa::layout l_, pa::data_type q_dt_, pa::data_type dst_dt_, pa::dim tokens_,
+          pa::dim head_size_ = 16)
+        : dt(dt_), l(l_), q_dt(q_dt_), dst_dt(dst_dt_), tokens(tokens_), head_size(head_size_),
           q(static_cast<size_t>(head_size), 0.f), dst(static_cast<size_t>(head_size), 0.f),
-          q_bf16(static_cast<size_t>(head_size), 0) {
+          q_bf16(static_cast<size_t>(head_size), 0), dst_bf16(static_cast<size_t>(head_size), 0) {
         const pa::dim blocks = (tokens + block_size - 1) / block_size;
         cache_md = pa::tensor_desc({ blocks, 1, block_size, head_size }, dt, l);
         k.assign(cache_md.get_size(), 0);
@@ -64,7 +66,7 @@ struct setup {
         o.causal = false;
         o.softmax_scale = 1.f;
         return pa::paged_attention::desc({ { pa::runtime_dim, 1, head_size }, q_dt }, cache_md, cache_md,
-                                         { { pa::runtime_dim, 1, head_size }, pa::data_type::f32 }, o);
+                                         { { pa::runtime_dim, 1, head_size }, dst_dt }, o);
     }
     void run(const pa::paged_attention &prim) {
         for (pa::dim d = 0; d < head_size; ++d) { // the top half of an f32 that is exact in bf16
@@ -74,16 +76,24 @@ struct setup {
         }
         const void *query = q_dt == pa::data_type::bf16 ? static_cast<const void *>(q_bf16.data()) : q.data();
         dnnl::stream s(dnnl::engine(dnnl::engine::kind::cpu, 0));
-        prim.execute(
-                s, { { pa::ARG_QUERY, pa::tensor({ { 1, 1, head_size }, q_dt }, query) },
-                     { pa::ARG_K_CACHE, pa::tensor(cache_md, k.data()) },
-                     { pa::ARG_V_CACHE, pa::tensor(cache_md, v.data()) },
-                     { pa::ARG_BLOCK_TABLE,
-                       pa::tensor({ { 1, static_cast<pa::dim>(table.size()) }, pa::data_type::s32 },
-                                  table.data()) },
-                     { pa::ARG_SEQ_LENS, pa::tensor({ { 1 }, pa::data_type::s32 }, lens.data()) },
-                     { pa::ARG_QUERY_START_LOC, pa::tensor({ { 2 }, pa::data_type::s32 }, starts.data()) },
-                     { pa::ARG_DST, pa::tensor({ { 1, 1, head_size }, pa::data_type::f32 }, dst.data()) } });
+        prim.execute(s,
+                     { { pa::ARG_QUERY, pa::tensor({ { 1, 1, head_size }, q_dt }, query) },
+                       { pa::ARG_K_CACHE, pa::tensor(cache_md, k.data()) },
+                       { pa::ARG_V_CACHE, pa::tensor(cache_md, v.data()) },
+                       { pa::ARG_BLOCK_TABLE,
+                         pa::tensor({ { 1, static_cast<pa::dim>(table.size()) }, pa::data_type::s32 },
+                                    table.data()) },
+                       { pa::ARG_SEQ_LENS, pa::tensor({ { 1 }, pa::data_type::s32 }, lens.data()) },
+                       { pa::ARG_QUERY_START_LOC, pa::tensor({ { 2 }, pa::data_type::s32 }, starts.data()) },
+                       { pa::ARG_DST,
+                         pa::tensor({ { 1, 1, head_size }, dst_dt },
+                                    dst_dt == pa::data_type::bf16 ? static_cast<void *>(dst_bf16.data())
+                                                                  : static_cast<void *>(dst.data())) } });
+        if (dst_dt == pa::data_type::bf16)
+            for (pa::dim d = 0; d < head_size; ++d) { // bf16 bits are an f32's top half
+                const uint32_t bits = static_cast<uint32_t>(dst_bf16[static_cast<size_t>(d)]) << 16;
+                std::memcpy(&dst[static_cast<size_t>(d)], &bits, 4);
+            }
     }
 };
 
@@ -94,10 +104,11 @@ reference::format format_of(pa::data_type dt) {
 struct param {
     pa::data_type dt;
     pa::layout l;
-    pa::data_type q_dt;
+    pa::data_type q_dt, dst_dt;
 };
 void PrintTo(const param &p, std::ostream *os) {
-    *os << pa::data_type_name(p.dt) << " " << pa::layout_name(p.l) << " query " << pa::data_type_name(p.q_dt);
+    *os << pa::data_type_name(p.dt) << " " << pa::layout_name(p.l) << " query " << pa::data_type_name(p.q_dt)
+        << " dst " << pa::data_type_name(p.dst_dt);
 }
 
 class fp8_codes : public ::testing::TestWithParam<param> {};
@@ -105,7 +116,7 @@ class fp8_codes : public ::testing::TestWithParam<param> {};
 TEST_P(fp8_codes, every_value_code_is_dequantized_exactly) {
     const param p = GetParam();
     const reference::format f = format_of(p.dt);
-    setup s(p.dt, p.l, p.q_dt,
+    setup s(p.dt, p.l, p.q_dt, p.dst_dt,
             17); // head size 16: token 0 selects, the 16 others hold 16 codes each
     const uint8_t big = p.dt == pa::data_type::f8_e4m3 ? 0x7E : 0x5F; // 448, and 448 in e5m2 too
     pa::paged_attention::primitive_desc pd(dnnl::engine(dnnl::engine::kind::cpu, 0), s.desc());
@@ -138,7 +149,7 @@ TEST_P(fp8_codes, every_value_code_is_dequantized_exactly) {
 TEST_P(fp8_codes, every_finite_key_code_is_dequantized_exactly) {
     const param p = GetParam();
     const reference::format f = format_of(p.dt);
-    setup s(p.dt, p.l, p.q_dt, 2);
+    setup s(p.dt, p.l, p.q_dt, p.dst_dt, 2);
     pa::paged_attention::primitive_desc pd(dnnl::engine(dnnl::engine::kind::cpu, 0), s.desc());
     do {
         SCOPED_TRACE(std::string(pd.impl_info_str()) + (p.l == pa::layout::packed ? " packed" : " plain"));
@@ -159,9 +170,12 @@ TEST_P(fp8_codes, every_finite_key_code_is_dequantized_exactly) {
             s.run(prim);
             const double x = static_cast<double>(q) * k;
             const double expected = 1.0 / (1.0 + std::exp(-x));
-            // f32 softmax of two scores: a few ulps of the weights.
-            EXPECT_NEAR(s.dst[0], expected, 4e-7) << "code " << code << " key " << k;
-            EXPECT_NEAR(s.dst[1], 1.0 - expected, 4e-7) << "code " << code << " key " << k;
+            // f32 softmax of two scores: a few ulps of the weights; a bf16 dst adds its rounding, and
+            // that of the probabilities (x64:avx512_bf16): bf16's unit roundoff 2^-8 each.
+            const double bf16_slack = p.dst_dt == pa::data_type::bf16 ? 0x1p-7 : 0.0;
+            EXPECT_NEAR(s.dst[0], expected, 4e-7 + bf16_slack * expected) << "code " << code << " key " << k;
+            EXPECT_NEAR(s.dst[1], 1.0 - expected, 4e-7 + bf16_slack * (1.0 - expected))
+                    << "code " << code << " key " << k;
         }
     } while (pd.next_impl());
 }
@@ -173,7 +187,7 @@ TEST_P(fp8_codes, every_finite_key_code_is_dequantized_exactly) {
 TEST_P(fp8_codes, a_nan_value_anywhere_in_the_range_reaches_dst) {
     const param p = GetParam();
     const pa::dim tokens = 160, d_size = 128;
-    setup s(p.dt, p.l, p.q_dt, tokens, d_size);
+    setup s(p.dt, p.l, p.q_dt, p.dst_dt, tokens, d_size);
     const uint8_t nan_code = p.dt == pa::data_type::f8_e4m3 ? 0x7F : 0x7E;
     pa::paged_attention::primitive_desc pd(dnnl::engine(dnnl::engine::kind::cpu, 0), s.desc());
     do {
@@ -200,7 +214,8 @@ std::vector<param> params() {
     for (pa::data_type dt : { pa::data_type::f8_e4m3, pa::data_type::f8_e5m2 })
         for (pa::layout l : { pa::layout::plain, pa::layout::packed })
             for (pa::data_type q : { pa::data_type::f32, pa::data_type::bf16 })
-                v.push_back({ dt, l, q });
+                for (pa::data_type dst : { pa::data_type::f32, pa::data_type::bf16 })
+                    v.push_back({ dt, l, q, dst });
     return v;
 }
 
@@ -208,7 +223,8 @@ INSTANTIATE_TEST_SUITE_P(formats, fp8_codes, ::testing::ValuesIn(params()),
                          [](const ::testing::TestParamInfo<param> &i) {
                              return std::string(i.param.dt == pa::data_type::f8_e4m3 ? "e4m3" : "e5m2") +
                                     (i.param.l == pa::layout::packed ? "_packed" : "_plain") +
-                                    (i.param.q_dt == pa::data_type::bf16 ? "_qbf16" : "_qf32");
+                                    (i.param.q_dt == pa::data_type::bf16 ? "_qbf16" : "_qf32") +
+                                    (i.param.dst_dt == pa::data_type::bf16 ? "_dstbf16" : "_dstf32");
                          });
 
 } // namespace

@@ -14,7 +14,8 @@
 //           token pair), so FP8/bf16 are dequantized in registers right before the FMAs and scores
 //           need no horizontal sums (e4m3 without its NaN patch where a scan of the chunk's codes
 //           finds no NaN). The instantiation of avx512_bf16.cpp computes the scores by
-//           bf16 pair products instead (vdpbf16ps).
+//           bf16 pair products instead (vdpbf16ps), and with a bf16 dst the values' products too
+//           (the probabilities rounded to bf16, as dst will be; f32 and f16 dst keep them in f32).
 #pragma once
 
 #include <algorithm>
@@ -76,7 +77,7 @@ template <typename V> std::string decline(const paged_attention_problem &p, cons
 }
 
 struct scratch_layout {
-    size_t q, acc, scores, row_max, row_sum, correction, k_row, v_row, k_chunk, v_chunk,
+    size_t q, acc, scores, row_max, row_sum, correction, k_row, v_row, k_chunk, v_chunk, probability_pairs,
             total; // in floats
     explicit scratch_layout(const paged_attention_problem &p) {
         const size_t rows = static_cast<size_t>(tokens_per_tile(p) * (p.q_heads / p.kv_heads));
@@ -91,7 +92,8 @@ struct scratch_layout {
         v_row = k_row + d;
         k_chunk = v_row + d;
         v_chunk = k_chunk + packed_chunk * d;
-        total = v_chunk + packed_chunk * d;
+        probability_pairs = v_chunk + packed_chunk * d;
+        total = probability_pairs + rows * packed_chunk / 2;
     }
 };
 
@@ -397,6 +399,9 @@ struct packed_values_rows {
     dim v_size, g0, first_pair, end_pair;
     dim common_begin, common_end; // tokens every row of the block sees
     const float *probability;     // rows x packed_chunk
+    // The probabilities rounded to bf16, as token pairs (rows x packed_chunk / 2), where the dst is
+    // bf16 and values are bf16 or FP8 (pair products only), else null: see packed_values_slice.
+    const uint32_t *probability_pairs;
     const float *correction;
     float *acc; // rows x d
     dim d;
@@ -407,7 +412,12 @@ struct packed_values_rows {
 // S dim vectors starting at vector v0, for N rows: the accumulators stay in registers across the
 // token pairs, and each probability is broadcast once for all S vectors. Inlined into
 // packed_values' loop over the slices (a call per slice cost ~50 cycles).
-template <typename V, int N, int S, data_type v_type, bool may_hold_nan>
+//
+// With probability_pairs (bf16 dst): the V rows, which hold each dim's values of a token pair side by
+// side, are bf16 pairs already, so one vdpbf16ps per row adds both tokens' products: half the
+// FMAs, and no split of the pairs into f32. The probabilities are then rounded to bf16, an error of
+// the order of the dst's own rounding (under fpmath strict f32 and f16 dst keep them in f32).
+template <typename V, int N, int S, data_type v_type, bool may_hold_nan, bool pair_probabilities = false>
 __attribute__((always_inline)) inline void packed_values_slice(const packed_values_rows &job, dim v0) {
     using R = typename V::reg;
     constexpr int width = V::width;
@@ -448,8 +458,7 @@ __attribute__((always_inline)) inline void packed_values_slice(const packed_valu
         // (pair x S + i)-th, so the memory sees one stream instead of S interleaved ones.
         const char *in_order =
                 job.next_region ? job.next_region + (v0 * width / 16) * job.dims_group_stride : nullptr;
-        auto accumulate = [&](dim pair, const R(&first)[S], const R(&second)[S])
-                __attribute__((always_inline)) {
+        auto prefetch = [&](dim pair) __attribute__((always_inline)) {
             for (int i = 0; i < S; ++i)
                 if (starts_line(i)) {
                     if (in_order)
@@ -457,6 +466,42 @@ __attribute__((always_inline)) inline void packed_values_slice(const packed_valu
                     else
                         prefetch_ahead(rows[i] + (pair - group_begin) * step, ahead);
                 }
+        };
+        if constexpr (pair_probabilities) {
+            using P = typename V::pairs;
+            auto accumulate_pairs = [&](dim pair, const P(&values)[S]) __attribute__((always_inline)) {
+                prefetch(pair);
+                for (int r = 0; r < N; ++r) {
+                    const P w = V::broadcast_pair(job.probability_pairs[r * (packed_chunk / 2) + pair]);
+                    for (int i = 0; i < S; ++i)
+                        out[r][i] = V::dot_pairs(out[r][i], w, values[i]);
+                }
+            };
+            for (dim pair = group_begin; pair < group_end;) {
+                P values[S];
+                if constexpr (v_type != data_type::bf16) {
+                    if (pair + 1 < group_end) { // two pairs (64 codes, a line) decoded at a time
+                        P next[S];
+                        for (int i = 0; i < S; ++i)
+                            V::load_two_bf16_pairs(rows[i] + (pair - group_begin) * step, v_type, values[i],
+                                                   next[i]);
+                        accumulate_pairs(pair, values);
+                        accumulate_pairs(pair + 1, next);
+                        pair += 2;
+                        continue;
+                    }
+                }
+                for (int i = 0; i < S; ++i)
+                    values[i] = V::load_bf16_pairs(rows[i] + (pair - group_begin) * step, v_type);
+                accumulate_pairs(pair, values);
+                ++pair;
+            }
+            group_begin = group_end;
+            continue;
+        }
+        auto accumulate = [&](dim pair, const R(&first)[S], const R(&second)[S])
+                __attribute__((always_inline)) {
+            prefetch(pair);
             for (int r = 0; r < N; ++r) {
                 // Each broadcast used at once, and each FMA adding into its accumulator in place
                 // (nested FMAs made the compiler copy a broadcast per row).
@@ -514,17 +559,19 @@ __attribute__((always_inline)) inline void packed_values_slice(const packed_valu
 
 // acc (N rows x D) = acc * correction + probabilities x V for one packed V group, in slices of
 // dims sized to the register file (32 zmm, 16 ymm).
-template <typename V, int N, data_type v_type, bool may_hold_nan = true>
+template <typename V, int N, data_type v_type, bool may_hold_nan = true, bool pair_probabilities = false>
 void packed_values(const packed_values_rows &job) {
     // N x S accumulators + 2 x S values + 2 broadcasts within the register file (32 zmm, 16 ymm).
     constexpr int widest = V::width == 16 ? (N > 4 ? 2 : N > 1 ? 4 : 8) : (N > 1 ? 2 : 4);
     const dim vectors = job.d / V::width;
     dim v0 = 0;
     for (; v0 + widest <= vectors; v0 += widest)
-        packed_values_slice<V, N, widest, v_type, may_hold_nan>(job, v0);
-    if (widest > 4 && v0 + 4 <= vectors) packed_values_slice<V, N, 4, v_type, may_hold_nan>(job, v0), v0 += 4;
-    if (v0 + 2 <= vectors) packed_values_slice<V, N, 2, v_type, may_hold_nan>(job, v0), v0 += 2;
-    if (v0 < vectors) packed_values_slice<V, N, 1, v_type, may_hold_nan>(job, v0);
+        packed_values_slice<V, N, widest, v_type, may_hold_nan, pair_probabilities>(job, v0);
+    if (widest > 4 && v0 + 4 <= vectors)
+        packed_values_slice<V, N, 4, v_type, may_hold_nan, pair_probabilities>(job, v0), v0 += 4;
+    if (v0 + 2 <= vectors)
+        packed_values_slice<V, N, 2, v_type, may_hold_nan, pair_probabilities>(job, v0), v0 += 2;
+    if (v0 < vectors) packed_values_slice<V, N, 1, v_type, may_hold_nan, pair_probabilities>(job, v0);
 }
 
 // The cache type as a template argument, so that the decoding in the inner loops is fixed at
@@ -598,6 +645,16 @@ void packed_pair_scores_groups(data_type k_type, const char *const *k_groups, di
 }
 
 template <typename V, int N> void packed_values_of(const packed_values_rows &job) {
+    if constexpr (V::pair_products) {
+        if (job.probability_pairs) {
+            switch (job.v_type) {
+                case data_type::bf16: return packed_values<V, N, data_type::bf16, true, true>(job);
+                case data_type::f8_e4m3: return packed_values<V, N, data_type::f8_e4m3, true, true>(job);
+                case data_type::f8_e5m2: return packed_values<V, N, data_type::f8_e5m2, true, true>(job);
+                default: break;
+            }
+        }
+    }
     switch (job.v_type) {
         case data_type::f32: packed_values<V, N, data_type::f32>(job); break;
         case data_type::bf16: packed_values<V, N, data_type::bf16>(job); break;
@@ -666,6 +723,10 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
     float *correction = scratch + layout.correction;
     float *k_decoded = scratch + layout.k_chunk, *v_decoded = scratch + layout.v_chunk;
     const item_rows info = prepare_rows(p, a, item, q, acc, row_max, row_sum, partial, !V::pair_products);
+    // bf16 dst: values by pair products with the probabilities rounded to bf16 (packed_values_slice).
+    uint32_t *probability_pairs = V::pair_products && p.dst_type == data_type::bf16
+                                          ? reinterpret_cast<uint32_t *>(scratch + layout.probability_pairs)
+                                          : nullptr;
 
     const data_type k_type = p.k_cache.get_data_type(), v_type = p.v_cache.get_data_type();
     const dim k_size = static_cast<dim>(data_type_size(k_type)),
@@ -909,6 +970,12 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
             }
             row_sum[r] += V::reduce_add(sum);
         }
+        if constexpr (V::pair_products) {
+            if (probability_pairs)
+                for (dim r = 0; r < rows; ++r)
+                    V::store_as_bf16_pairs(probability + r * packed_chunk, tokens,
+                                           probability_pairs + r * (packed_chunk / 2));
+        }
 
         // Values: acc (rows x D) = acc * correction + probabilities x V, 16 dims x a token pair
         // per V row.
@@ -976,6 +1043,7 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
             job.common_begin = common_begin;
             job.common_end = common_end;
             job.probability = probability + r0 * packed_chunk;
+            job.probability_pairs = probability_pairs ? probability_pairs + r0 * (packed_chunk / 2) : nullptr;
             job.correction = correction + r0;
             job.acc = acc + r0 * d;
             job.d = d;

@@ -409,6 +409,17 @@ struct avx512_bf16_f32 : avx512_f32 {
         first = (pairs)x0, second = (pairs)x1;
     }
     static void store_pairs(uint16_t *p, pairs k) { _mm512_storeu_si512(p, (__m512i)k); }
+    /// n floats (a multiple of 16) rounded to bf16 (nearest even), as pairs: dst[i] holds elements
+    /// 2i (low half) and 2i + 1.
+    static void store_as_bf16_pairs(const float *p, int64_t n, uint32_t *dst) {
+        int64_t i = 0;
+        for (; i + 32 <= n; i += 32)
+            _mm512_storeu_si512(dst + i / 2, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + i + 16),
+                                                                          _mm512_loadu_ps(p + i)));
+        if (i < n)
+            _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst + i / 2),
+                                (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(p + i)));
+    }
     /// (q0, q1), given as bf16 bits, in every lane.
     static pairs broadcast_pair(uint32_t q_pair) {
         return (pairs)_mm512_set1_epi32(static_cast<int>(q_pair));
