@@ -562,16 +562,18 @@ __attribute__((always_inline)) inline void packed_values_slice(const packed_valu
 template <typename V, int N, data_type v_type, bool may_hold_nan = true, bool pair_probabilities = false>
 void packed_values(const packed_values_rows &job) {
     // N x S accumulators + 2 x S values + 2 broadcasts within the register file (32 zmm, 16 ymm).
-    // But bf16 values of decode's passes (up to 4 rows) by pair products go one 16-dim row at a
-    // time, each row of a V region read through before the next: from memory that read 5-10% more
-    // GB/s than 4 rows side by side (8 x 8192 decode: 0.83-0.86 of the DRAM read against 0.76-0.82,
-    // in 8 alternating runs), though ~10% slower on cache-resident data; FP8 lost 3-5% that way.
-    constexpr bool one_row_at_a_time = pair_probabilities && v_type == data_type::bf16 && N <= 4;
-    constexpr int widest = one_row_at_a_time ? 1
-                           : V::width == 16  ? (N > 4   ? 2
-                                                : N > 1 ? 4
-                                                        : 8)
-                                             : (N > 1 ? 2 : 4);
+    // But decode's 4-row passes (a GQA group of 4) by pair products read fewer 16-dim rows of a V
+    // region side by side: bf16 one, each read through before the next (from memory 5-10% more
+    // GB/s than 4 side by side: 8 x 8192 decode 0.83-0.86 of the DRAM read against 0.76-0.82 in 8
+    // alternating runs, though ~10% slower on cache-resident data), FP8 two (one cost it 3-5% in
+    // compute; two read ~6% more than 4 in 4 alternating runs, and are as fast in cache). Fewer
+    // rows keep the default: a slice of one row would have too few sums in flight.
+    constexpr bool decode_pairs = pair_probabilities && N == 4;
+    constexpr int widest = decode_pairs     ? (v_type == data_type::bf16 ? 1 : 2)
+                           : V::width == 16 ? (N > 4   ? 2
+                                               : N > 1 ? 4
+                                                       : 8)
+                                            : (N > 1 ? 2 : 4);
     const dim vectors = job.d / V::width;
     dim v0 = 0;
     for (; v0 + widest <= vectors; v0 += widest)
