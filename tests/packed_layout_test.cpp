@@ -643,6 +643,14 @@ std::vector<packed_attn_case> attn_cases() {
     v.push_back({ make_case("d512", 2, 1, 512, 16, { { 1, 100 }, { 2, 40 } }, bf16, e4m3, hnd)
                           .scales(token, token),
                   rl::kv_shared });
+    // Speculative verify: q_len 2 to 4 with GQA 4, 8 to 16 rows per item (their own score passes
+    // on x64:avx512_bf16), with a bf16 dst; bf16 and e4m3 caches, chunks of whole and partial blocks.
+    v.push_back({ make_case("verify", 8, 2, 128, 128, { { 4, 700 }, { 3, 300 }, { 2, 129 }, { 4, 4 } }, bf16,
+                            bf16, hnd),
+                  rl::dense });
+    v.push_back({ make_case("verify", 8, 2, 64, 16, { { 4, 333 }, { 3, 90 }, { 2, 17 } }, bf16, e4m3, hnd)
+                          .scales(token, token),
+                  rl::padded });
     // e5m2 per-token, prefill chunk.
     v.push_back({ make_case("chunk", 4, 2, 64, 32, { { 33, 250 } }, f32, e5m2, hnd).scales(token, token),
                   rl::dense });
