@@ -1,5 +1,6 @@
-// Every FP8 code through every paged_attention implementation, in both cache layouts, exactly: the
-// kernels dequantize in registers (e4m3 through f16 bits, e5m2 as f16's top byte), and FP8
+// Every FP8 code through every paged_attention implementation, in both cache layouts and with f32
+// and bf16 dst, exactly: the kernels dequantize in registers (x64:avx512 and x64:avx2: e4m3 through
+// f16 bits, e5m2 as f16's top byte; x64:avx512_bf16: both by byte tables into bf16), and FP8
 // subnormals, the largest values, inf and NaN must come out as the format defines them.
 //   values: a one-hot softmax (score 448 against 0: every other weight underflows) selects one token,
 //           the others' values are 0, and dst is exactly the selected token's dequantized V row;
