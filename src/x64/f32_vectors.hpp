@@ -396,7 +396,8 @@ struct avx512_bf16_f32 : avx512_f32 {
         if (dt == data_type::bf16) return (pairs)_mm512_loadu_si512(p);
         return (pairs)load_fp8_as_bf16(p, dt);
     }
-    /// 32 pairs (two consecutive packed K rows): p's into `first`, p + 64 elements' into `second`.
+    /// 32 pairs (two consecutive packed rows of 32 elements): p's into `first`, the next row's into
+    /// `second`.
     __attribute__((always_inline)) static void load_two_bf16_pairs(const void *p, data_type dt, pairs &first,
                                                                    pairs &second) {
         if (dt == data_type::bf16) {
