@@ -24,7 +24,11 @@ cpu_isa isa_of(const std::string &name) {
     if (name == "x64:avx2") return cpu_isa::avx2;
     if (name == "x64:avx512") return cpu_isa::avx512;
     if (name == "x64:avx512_bf16") return cpu_isa::avx512_bf16;
+#if PAGEDATTN_AMX_EMULATOR
+    if (name == "x64:amx") return cpu_isa::avx512_bf16; // emulated tiles: AVX512-BF16 suffices
+#else
     if (name == "x64:amx") return cpu_isa::amx;
+#endif
     ADD_FAILURE() << "unknown implementation name '" << name << "'";
     return cpu_isa::all;
 }

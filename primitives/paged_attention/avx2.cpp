@@ -7,7 +7,7 @@ namespace detail {
 
 const paged_attention_implementation paged_attention_avx2 = { "x64:avx2", cpu_isa::avx2,
                                                               x64::avx2::decline<avx2_f32>,
-                                                              x64::avx2::scratch_bytes,
+                                                              x64::avx2::scratch_bytes<avx2_f32>,
                                                               x64::avx2::run_item<avx2_f32> };
 
 } // namespace detail

@@ -7,7 +7,7 @@ namespace detail {
 
 const paged_attention_implementation paged_attention_avx512 = { "x64:avx512", cpu_isa::avx512,
                                                                 x64::avx512::decline<avx512_f32>,
-                                                                x64::avx512::scratch_bytes,
+                                                                x64::avx512::scratch_bytes<avx512_f32>,
                                                                 x64::avx512::run_item<avx512_f32> };
 
 } // namespace detail

@@ -9,7 +9,7 @@ namespace detail {
 
 const paged_attention_implementation paged_attention_avx512_bf16 = {
     "x64:avx512_bf16", cpu_isa::avx512_bf16, x64::avx512_bf16::decline<avx512_bf16_f32>,
-    x64::avx512_bf16::scratch_bytes, x64::avx512_bf16::run_item<avx512_bf16_f32>
+    x64::avx512_bf16::scratch_bytes<avx512_bf16_f32>, x64::avx512_bf16::run_item<avx512_bf16_f32>
 };
 
 } // namespace detail

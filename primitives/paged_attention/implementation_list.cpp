@@ -7,6 +7,7 @@ namespace detail {
 
 const paged_attention_implementation *const paged_attention_implementations[] = {
 #if PAGEDATTN_X64
+    &paged_attention_amx,
     &paged_attention_avx512_bf16,
     &paged_attention_avx512,
     &paged_attention_avx2,

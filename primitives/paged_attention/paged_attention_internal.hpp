@@ -55,6 +55,7 @@ struct paged_attention_implementation {
 extern const paged_attention_implementation *const paged_attention_implementations[];
 extern const int paged_attention_implementation_count;
 
+extern const paged_attention_implementation paged_attention_amx;
 extern const paged_attention_implementation paged_attention_avx512_bf16;
 extern const paged_attention_implementation paged_attention_avx512;
 extern const paged_attention_implementation paged_attention_avx2;

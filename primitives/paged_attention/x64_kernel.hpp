@@ -76,11 +76,15 @@ template <typename V> std::string decline(const paged_attention_problem &p, cons
     return {};
 }
 
+// With tile products the rows are counted in whole tiles of 16 (the padding rows' scores and
+// probabilities are computed and ignored), and two regions are added: q as bf16 rows of a multiple
+// of 32 dims (a tile row), and the tiles' share of a chunk's output.
 struct scratch_layout {
     size_t q, acc, scores, row_max, row_sum, correction, k_row, v_row, k_chunk, v_chunk, probability_pairs,
-            total; // in floats
-    explicit scratch_layout(const paged_attention_problem &p) {
-        const size_t rows = static_cast<size_t>(tokens_per_tile(p) * (p.q_heads / p.kv_heads));
+            tile_q, tile_out, total; // in floats
+    explicit scratch_layout(const paged_attention_problem &p, bool tiles = false) {
+        const size_t item_rows = static_cast<size_t>(tokens_per_tile(p) * (p.q_heads / p.kv_heads));
+        const size_t rows = tiles ? (item_rows + 15) / 16 * 16 : item_rows;
         const size_t d = static_cast<size_t>(p.head_size);
         q = 0;
         acc = q + rows * d;
@@ -93,12 +97,14 @@ struct scratch_layout {
         k_chunk = v_row + d;
         v_chunk = k_chunk + packed_chunk * d;
         probability_pairs = v_chunk + packed_chunk * d;
-        total = probability_pairs + rows * packed_chunk / 2;
+        tile_q = probability_pairs + rows * packed_chunk / 2;
+        tile_out = tile_q + (tiles ? rows * ((d + 31) / 32 * 32) / 2 : 0);
+        total = tile_out + (tiles ? rows * d : 0);
     }
 };
 
-inline size_t scratch_bytes(const paged_attention_problem &p) {
-    return scratch_layout(p).total * sizeof(float);
+template <typename V> size_t scratch_bytes(const paged_attention_problem &p) {
+    return scratch_layout(p, V::tile_products).total * sizeof(float);
 }
 
 // The rows of a work item: (query token, q head) pairs, q in f32 times the softmax scale and any
@@ -726,7 +732,7 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
     constexpr int width = V::width;
     constexpr dim row_block = 4; // rows whose scores stay in registers
     constexpr float minus_infinity = -std::numeric_limits<float>::infinity();
-    const scratch_layout layout(p);
+    const scratch_layout layout(p, V::tile_products);
     const auto &o = p.options;
     const dim group = p.q_heads / p.kv_heads, d = p.head_size, bs = p.block_size;
     const dim q_len = a.query_start_loc[item.seq + 1] - a.query_start_loc[item.seq];
@@ -754,7 +760,18 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
     // into the second half.
     // FP8 keys read by several passes of pair products are decoded once per chunk into bf16 pairs,
     // then scored as bf16 keys.
-    const bool pair_keys_decoded_once = V::pair_products && rows > 16 && is_fp8(k_type);
+    // Tile products (x64:amx) for items of V::tile_min_rows rows or more (prefill, verify, large
+    // GQA groups); fewer rows (decode) take the pair products, which read each key and value once
+    // for all rows as well and leave no tile rows idle. Keys are staged for the tiles (decoded to
+    // bf16, their pairs padded with zeros to a multiple of 32 dims) unless bf16 with D % 32 == 0.
+    bool tiles = false;
+    if constexpr (V::tile_products) tiles = rows >= V::tile_min_rows;
+    const dim d_tiles = (d + 31) / 32 * 32, rows_tiles = (rows + 15) / 16 * 16;
+    const bool tile_keys_staged = tiles && (k_type != data_type::bf16 || d % 32 != 0);
+    const dim k_group_elements = 16 * (tiles ? d_tiles : d); // of a decoded group
+    uint16_t *tile_q = reinterpret_cast<uint16_t *>(scratch + layout.tile_q);
+    typename V::tiles tile_unit;
+    const bool pair_keys_decoded_once = V::pair_products && !tiles && rows > 16 && is_fp8(k_type);
     const data_type pair_scores_type = pair_keys_decoded_once ? data_type::bf16 : k_type;
     uint32_t *q_pairs = reinterpret_cast<uint32_t *>(q) + rows * d / 2;
     if constexpr (V::pair_products) {
@@ -764,6 +781,20 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
             std::memcpy(&low, &q[i], 4);
             std::memcpy(&high, &q[i + 1], 4);
             row_major[i / 2] = low >> 16 | (high & 0xFFFF0000u);
+        }
+        if (tiles) { // the A tiles' rows: bf16 q, zeros beyond D and below the last row
+            std::memset(tile_q, 0, static_cast<size_t>(rows_tiles * d_tiles) * 2);
+            for (dim r = 0; r < rows; ++r)
+                std::memcpy(tile_q + r * d_tiles, row_major + r * (d / 2), static_cast<size_t>(d) * 2);
+            // The padding rows' probabilities, read by the values' A tiles, are zeros too.
+            if (probability_pairs)
+                std::memset(probability_pairs + rows * (packed_chunk / 2), 0,
+                            static_cast<size_t>((rows_tiles - rows) * packed_chunk / 2) * 4);
+            if (tile_keys_staged && d_tiles != d) // the pairs beyond D of each staged group
+                for (dim g = 0; g < max_chunk_groups; ++g)
+                    std::memset(reinterpret_cast<uint16_t *>(k_decoded) + g * k_group_elements + 16 * d, 0,
+                                static_cast<size_t>(16 * (d_tiles - d)) * 2);
+            if constexpr (V::tile_products) tile_unit.configure(V::tile_configuration());
         }
         for (dim r0 = 0, n; r0 < rows; r0 += n) {
             n = pair_row_block(rows - r0, rows, pair_scores_type);
@@ -823,18 +854,19 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         // holds every FP8 value exactly and is the cheapest type to load, f16 as f32.
         // With pair products, FP8 keys read by more than one 16-row pass (prefill) are decoded
         // once too, straight into bf16 pairs.
-        const bool k_once = pair_keys_decoded_once || (!V::pair_products && rows > row_block &&
-                                                       k_type != data_type::f32 && k_type != data_type::bf16);
+        const bool k_once = tile_keys_staged || pair_keys_decoded_once ||
+                            (!V::pair_products && rows > row_block && k_type != data_type::f32 &&
+                             k_type != data_type::bf16);
         const data_type k_source_type = !k_once ? k_type : decoded_type(k_type);
         if (k_once) {
             for (dim g = 0; g < chunk.count; ++g)
                 for (dim i = 0; i < 16 * d; i += V::pair_products ? 4 * width : 2 * width) {
                     const char *source = chunk.k[g] + i * k_size;
                     if (i * k_size % 64 == 0) prefetch_ahead(source, k_ahead[g]);
-                    if constexpr (V::pair_products) { // (FP8 keys only: 64 codes, a line, at a time)
+                    if constexpr (V::pair_products) { // (64 codes, a line, at a time; bf16 for tiles)
                         typename V::pairs first, second;
                         V::load_two_bf16_pairs(source, k_type, first, second);
-                        uint16_t *copy = reinterpret_cast<uint16_t *>(k_decoded) + g * 16 * d + i;
+                        uint16_t *copy = reinterpret_cast<uint16_t *>(k_decoded) + g * k_group_elements + i;
                         V::store_pairs(copy, first);
                         V::store_pairs(copy + 2 * width, second);
                     } else {
@@ -851,10 +883,18 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         for (dim g = 0; g < chunk.count && k_nan_free; ++g)
             k_nan_free = e4m3_without_nan(chunk.k[g], 16 * d);
         auto k_group_of = [&](dim g) { // the group's keys, as stored or decoded
-            return k_once ? reinterpret_cast<const char *>(k_decoded) + g * 16 * d * k_source_size
+            return k_once ? reinterpret_cast<const char *>(k_decoded) + g * k_group_elements * k_source_size
                           : chunk.k[g];
         };
-        if constexpr (V::pair_products) {
+        if (tiles) {
+            if constexpr (V::tile_products) {
+                const char *k_groups[max_chunk_groups];
+                for (dim g = 0; g < chunk.count; ++g)
+                    k_groups[g] = k_group_of(g);
+                V::tile_scores(tile_unit, tile_q, rows, d_tiles, k_groups, chunk.count,
+                               k_once ? nullptr : k_ahead, info.q_factor, probability);
+            }
+        } else if constexpr (V::pair_products) {
             const char *k_groups[max_chunk_groups];
             dim ahead[max_chunk_groups];
             for (dim g = 0; g < chunk.count; ++g) {
@@ -992,6 +1032,23 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                                            probability_pairs + r * (packed_chunk / 2));
         }
 
+        // Values by tile products (bf16 dst; f32 and f16 dst keep f32 probabilities, below): the
+        // chunk's values staged as bf16 with the tokens outside the item's range zeroed. A chunk
+        // holding a non-finite value takes the vector path instead, which skips, for each row, the
+        // tokens it does not see (0 * inf in a tile would give NaN to rows that must not see it).
+        if constexpr (V::tile_products) {
+            if (tiles && probability_pairs) {
+                const dim first_token = std::max(item.kv_begin, c0) - c0,
+                          end_token = std::min(item.kv_end, c1) - c0;
+                if (V::tile_values(tile_unit, chunk.v, chunk.count, v_type, 16 * bs * v_size, v_ahead,
+                                   first_token, end_token, probability_pairs, rows, d, correction,
+                                   reinterpret_cast<uint16_t *>(v_decoded), scratch + layout.tile_out, acc)) {
+                    c0 = c1;
+                    continue;
+                }
+            }
+        }
+
         // Values: acc (rows x D) = acc * correction + probabilities x V, 16 dims x a token pair
         // per V row.
         // This chunk and the next each one whole block, its groups in order (bs == chunk tokens).
@@ -1074,6 +1131,8 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         }
         c0 = c1;
     }
+    if constexpr (V::tile_products)
+        if (tiles) tile_unit.release();
 
     store_item_output(p, a, item, acc, row_max, row_sum, out_factor, partial);
 }

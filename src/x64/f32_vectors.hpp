@@ -32,10 +32,15 @@ template <typename V> typename V::reg exp_negative(typename V::reg x) {
     return V::mul(p, V::pow2(n));
 }
 
+/// The tile unit of traits without tile products (x64:amx's traits name a src/x64/amx_tiles.hpp backend).
+struct no_tiles {};
+
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 struct avx512_f32 {
     static constexpr int width = 16;
     static constexpr bool pair_products = false; // scores by f32 FMAs
+    static constexpr bool tile_products = false; // (x64:amx's traits say true)
+    using tiles = no_tiles;
     using reg = __m512;
     static reg zero() { return _mm512_setzero_ps(); }
     static reg set1(float x) { return _mm512_set1_ps(x); }
@@ -165,6 +170,8 @@ struct avx512_f32 {
 struct avx2_f32 {
     static constexpr int width = 8;
     static constexpr bool pair_products = false;
+    static constexpr bool tile_products = false;
+    using tiles = no_tiles;
     using reg = __m256;
     static reg zero() { return _mm256_setzero_ps(); }
     static reg set1(float x) { return _mm256_set1_ps(x); }
