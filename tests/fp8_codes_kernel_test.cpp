@@ -1,7 +1,9 @@
-// Every FP8 code through every paged_attention implementation, in both cache layouts and with f32
-// and bf16 dst, exactly: the kernels dequantize in registers (x64:avx512 and x64:avx2: e4m3 through
-// f16 bits, e5m2 as f16's top byte; x64:avx512_bf16: both by byte tables into bf16), and FP8
-// subnormals, the largest values, inf and NaN must come out as the format defines them.
+// Every FP8 code through every paged_attention implementation, in both cache layouts, with f32
+// and bf16 dst, and with 1 or 16 query heads on the one kv head (16 rows: x64:amx's tile products;
+// every head's query is the same, so each must give the same expected row), exactly: the kernels dequantize
+// in registers (x64:avx512 and x64:avx2: e4m3 through f16 bits, e5m2 as f16's top byte; x64:avx512_bf16: both
+// by byte tables into bf16), and FP8 subnormals, the largest values, inf and NaN must come out as the format
+// defines them.
 //   values: a one-hot softmax (score 448 against 0: every other weight underflows) selects one token,
 //           the others' values are 0, and dst is exactly the selected token's dequantized V row;
 //   keys:   two tokens, score x = q * k_code against 0, dst[0] = 1 / (1 + exp(-x)) in fp64.
@@ -37,6 +39,7 @@ struct setup {
     pa::data_type dst_dt; // f32 or bf16 (with bf16, x64:avx512_bf16 multiplies the values in bf16 pairs)
     pa::dim tokens;
     pa::dim head_size;
+    pa::dim q_heads; // all with the same query
     std::vector<uint8_t> k, v;
     std::vector<int32_t> table, lens, starts { 0, 1 };
     std::vector<float> q, dst;
@@ -44,10 +47,12 @@ struct setup {
     std::vector<uint16_t> q_bf16, dst_bf16;
 
     setup(pa::data_type dt_, pa::layout l_, pa::data_type q_dt_, pa::data_type dst_dt_, pa::dim tokens_,
-          pa::dim head_size_ = 16)
+          pa::dim q_heads_, pa::dim head_size_ = 16)
         : dt(dt_), l(l_), q_dt(q_dt_), dst_dt(dst_dt_), tokens(tokens_), head_size(head_size_),
-          q(static_cast<size_t>(head_size), 0.f), dst(static_cast<size_t>(head_size), 0.f),
-          q_bf16(static_cast<size_t>(head_size), 0), dst_bf16(static_cast<size_t>(head_size), 0) {
+          q_heads(q_heads_), q(static_cast<size_t>(head_size), 0.f),
+          dst(static_cast<size_t>(q_heads * head_size), 0.f),
+          q_bf16(static_cast<size_t>(q_heads * head_size), 0),
+          dst_bf16(static_cast<size_t>(q_heads * head_size), 0) {
         const pa::dim blocks = (tokens + block_size - 1) / block_size;
         cache_md = pa::tensor_desc({ blocks, 1, block_size, head_size }, dt, l);
         k.assign(cache_md.get_size(), 0);
@@ -66,19 +71,23 @@ struct setup {
         pa::paged_attention::options o;
         o.causal = false;
         o.softmax_scale = 1.f;
-        return pa::paged_attention::desc({ { pa::runtime_dim, 1, head_size }, q_dt }, cache_md, cache_md,
-                                         { { pa::runtime_dim, 1, head_size }, dst_dt }, o);
+        return pa::paged_attention::desc({ { pa::runtime_dim, q_heads, head_size }, q_dt }, cache_md,
+                                         cache_md, { { pa::runtime_dim, q_heads, head_size }, dst_dt }, o);
     }
     void run(const pa::paged_attention &prim) {
-        for (pa::dim d = 0; d < head_size; ++d) { // the top half of an f32 that is exact in bf16
+        std::vector<float> q_rows;
+        for (pa::dim h = 0; h < q_heads; ++h)
+            q_rows.insert(q_rows.end(), q.begin(), q.end());
+        for (size_t i = 0; i < q_rows.size(); ++i) { // the top half of an f32 that is exact in bf16
             uint32_t bits;
-            std::memcpy(&bits, &q[static_cast<size_t>(d)], 4);
-            q_bf16[static_cast<size_t>(d)] = static_cast<uint16_t>(bits >> 16);
+            std::memcpy(&bits, &q_rows[i], 4);
+            q_bf16[i] = static_cast<uint16_t>(bits >> 16);
         }
-        const void *query = q_dt == pa::data_type::bf16 ? static_cast<const void *>(q_bf16.data()) : q.data();
+        const void *query =
+                q_dt == pa::data_type::bf16 ? static_cast<const void *>(q_bf16.data()) : q_rows.data();
         dnnl::stream s(dnnl::engine(dnnl::engine::kind::cpu, 0));
         prim.execute(s,
-                     { { pa::ARG_QUERY, pa::tensor({ { 1, 1, head_size }, q_dt }, query) },
+                     { { pa::ARG_QUERY, pa::tensor({ { 1, q_heads, head_size }, q_dt }, query) },
                        { pa::ARG_K_CACHE, pa::tensor(cache_md, k.data()) },
                        { pa::ARG_V_CACHE, pa::tensor(cache_md, v.data()) },
                        { pa::ARG_BLOCK_TABLE,
@@ -87,15 +96,16 @@ struct setup {
                        { pa::ARG_SEQ_LENS, pa::tensor({ { 1 }, pa::data_type::s32 }, lens.data()) },
                        { pa::ARG_QUERY_START_LOC, pa::tensor({ { 2 }, pa::data_type::s32 }, starts.data()) },
                        { pa::ARG_DST,
-                         pa::tensor({ { 1, 1, head_size }, dst_dt },
+                         pa::tensor({ { 1, q_heads, head_size }, dst_dt },
                                     dst_dt == pa::data_type::bf16 ? static_cast<void *>(dst_bf16.data())
                                                                   : static_cast<void *>(dst.data())) } });
         if (dst_dt == pa::data_type::bf16)
-            for (pa::dim d = 0; d < head_size; ++d) { // bf16 bits are an f32's top half
-                const uint32_t bits = static_cast<uint32_t>(dst_bf16[static_cast<size_t>(d)]) << 16;
-                std::memcpy(&dst[static_cast<size_t>(d)], &bits, 4);
+            for (size_t i = 0; i < dst.size(); ++i) { // bf16 bits are an f32's top half
+                const uint32_t bits = static_cast<uint32_t>(dst_bf16[i]) << 16;
+                std::memcpy(&dst[i], &bits, 4);
             }
     }
+    float out(pa::dim head, pa::dim d) const { return dst[static_cast<size_t>(head * head_size + d)]; }
 };
 
 reference::format format_of(pa::data_type dt) {
@@ -106,10 +116,11 @@ struct param {
     pa::data_type dt;
     pa::layout l;
     pa::data_type q_dt, dst_dt;
+    pa::dim q_heads;
 };
 void PrintTo(const param &p, std::ostream *os) {
     *os << pa::data_type_name(p.dt) << " " << pa::layout_name(p.l) << " query " << pa::data_type_name(p.q_dt)
-        << " dst " << pa::data_type_name(p.dst_dt);
+        << " dst " << pa::data_type_name(p.dst_dt) << " " << p.q_heads << " q heads";
 }
 
 class fp8_codes : public ::testing::TestWithParam<param> {};
@@ -117,8 +128,8 @@ class fp8_codes : public ::testing::TestWithParam<param> {};
 TEST_P(fp8_codes, every_value_code_is_dequantized_exactly) {
     const param p = GetParam();
     const reference::format f = format_of(p.dt);
-    setup s(p.dt, p.l, p.q_dt, p.dst_dt,
-            17); // head size 16: token 0 selects, the 16 others hold 16 codes each
+    setup s(p.dt, p.l, p.q_dt, p.dst_dt, 17,
+            p.q_heads); // head size 16: token 0 selects, the 16 others hold 16 codes each
     const uint8_t big = p.dt == pa::data_type::f8_e4m3 ? 0x7E : 0x5F; // 448, and 448 in e5m2 too
     pa::paged_attention::primitive_desc pd(dnnl::engine(dnnl::engine::kind::cpu, 0), s.desc());
     do {
@@ -134,15 +145,17 @@ TEST_P(fp8_codes, every_value_code_is_dequantized_exactly) {
                 s.v_at(target, d) = static_cast<uint8_t>((target - 1) * s.head_size + d);
             s.q[0] = 1.f;
             s.run(prim);
-            for (pa::dim d = 0; d < s.head_size; ++d) {
-                const uint8_t code = static_cast<uint8_t>((target - 1) * s.head_size + d);
-                const double expected = reference::decode_fp8(f, code);
-                const float got = s.dst[static_cast<size_t>(d)];
-                if (std::isnan(expected))
-                    EXPECT_TRUE(std::isnan(got)) << "code " << int(code);
-                else
-                    EXPECT_EQ(static_cast<double>(got), expected) << "code " << int(code);
-            }
+            for (pa::dim h = 0; h < s.q_heads; ++h)
+                for (pa::dim d = 0; d < s.head_size; ++d) {
+                    const uint8_t code = static_cast<uint8_t>((target - 1) * s.head_size + d);
+                    const double expected = reference::decode_fp8(f, code);
+                    const float got = s.out(h, d);
+                    if (std::isnan(expected))
+                        EXPECT_TRUE(std::isnan(got)) << "code " << int(code) << " head " << h;
+                    else
+                        EXPECT_EQ(static_cast<double>(got), expected)
+                                << "code " << int(code) << " head " << h;
+                }
         }
     } while (pd.next_impl());
 }
@@ -150,7 +163,7 @@ TEST_P(fp8_codes, every_value_code_is_dequantized_exactly) {
 TEST_P(fp8_codes, every_finite_key_code_is_dequantized_exactly) {
     const param p = GetParam();
     const reference::format f = format_of(p.dt);
-    setup s(p.dt, p.l, p.q_dt, p.dst_dt, 2);
+    setup s(p.dt, p.l, p.q_dt, p.dst_dt, 2, p.q_heads);
     pa::paged_attention::primitive_desc pd(dnnl::engine(dnnl::engine::kind::cpu, 0), s.desc());
     do {
         SCOPED_TRACE(std::string(pd.impl_info_str()) + (p.l == pa::layout::packed ? " packed" : " plain"));
@@ -174,9 +187,12 @@ TEST_P(fp8_codes, every_finite_key_code_is_dequantized_exactly) {
             // f32 softmax of two scores: a few ulps of the weights; a bf16 dst adds its rounding, and
             // that of the probabilities (x64:avx512_bf16): bf16's unit roundoff 2^-8 each.
             const double bf16_slack = p.dst_dt == pa::data_type::bf16 ? 0x1p-7 : 0.0;
-            EXPECT_NEAR(s.dst[0], expected, 4e-7 + bf16_slack * expected) << "code " << code << " key " << k;
-            EXPECT_NEAR(s.dst[1], 1.0 - expected, 4e-7 + bf16_slack * (1.0 - expected))
-                    << "code " << code << " key " << k;
+            for (pa::dim h = 0; h < s.q_heads; ++h) {
+                EXPECT_NEAR(s.out(h, 0), expected, 4e-7 + bf16_slack * expected)
+                        << "code " << code << " key " << k << " head " << h;
+                EXPECT_NEAR(s.out(h, 1), 1.0 - expected, 4e-7 + bf16_slack * (1.0 - expected))
+                        << "code " << code << " key " << k << " head " << h;
+            }
         }
     } while (pd.next_impl());
 }
@@ -188,7 +204,7 @@ TEST_P(fp8_codes, every_finite_key_code_is_dequantized_exactly) {
 TEST_P(fp8_codes, a_nan_value_anywhere_in_the_range_reaches_dst) {
     const param p = GetParam();
     const pa::dim tokens = 160, d_size = 128;
-    setup s(p.dt, p.l, p.q_dt, p.dst_dt, tokens, d_size);
+    setup s(p.dt, p.l, p.q_dt, p.dst_dt, tokens, p.q_heads, d_size);
     const uint8_t nan_code = p.dt == pa::data_type::f8_e4m3 ? 0x7F : 0x7E;
     pa::paged_attention::primitive_desc pd(dnnl::engine(dnnl::engine::kind::cpu, 0), s.desc());
     do {
@@ -199,13 +215,16 @@ TEST_P(fp8_codes, a_nan_value_anywhere_in_the_range_reaches_dst) {
                 std::fill(s.v.begin(), s.v.end(), 0);
                 s.v_at(t, d) = static_cast<uint8_t>(nan_code | (t % 2 ? 0x80 : 0));
                 s.run(prim);
-                for (pa::dim i = 0; i < d_size; ++i) {
-                    const float got = s.dst[static_cast<size_t>(i)];
-                    if (i == d)
-                        EXPECT_TRUE(std::isnan(got)) << "NaN at token " << t << " dim " << d;
-                    else
-                        EXPECT_EQ(got, 0.f) << "NaN at token " << t << " dim " << d << ", dim " << i;
-                }
+                for (pa::dim h = 0; h < s.q_heads; ++h)
+                    for (pa::dim i = 0; i < d_size; ++i) {
+                        const float got = s.out(h, i);
+                        if (i == d)
+                            EXPECT_TRUE(std::isnan(got))
+                                    << "NaN at token " << t << " dim " << d << " head " << h;
+                        else
+                            EXPECT_EQ(got, 0.f)
+                                    << "NaN at token " << t << " dim " << d << ", dim " << i << " head " << h;
+                    }
             }
     } while (pd.next_impl());
 }
@@ -216,7 +235,8 @@ std::vector<param> params() {
         for (pa::layout l : { pa::layout::plain, pa::layout::packed })
             for (pa::data_type q : { pa::data_type::f32, pa::data_type::bf16 })
                 for (pa::data_type dst : { pa::data_type::f32, pa::data_type::bf16 })
-                    v.push_back({ dt, l, q, dst });
+                    for (pa::dim q_heads : { 1, 16 })
+                        v.push_back({ dt, l, q, dst, q_heads });
     return v;
 }
 
@@ -225,7 +245,8 @@ INSTANTIATE_TEST_SUITE_P(formats, fp8_codes, ::testing::ValuesIn(params()),
                              return std::string(i.param.dt == pa::data_type::f8_e4m3 ? "e4m3" : "e5m2") +
                                     (i.param.l == pa::layout::packed ? "_packed" : "_plain") +
                                     (i.param.q_dt == pa::data_type::bf16 ? "_qbf16" : "_qf32") +
-                                    (i.param.dst_dt == pa::data_type::bf16 ? "_dstbf16" : "_dstf32");
+                                    (i.param.dst_dt == pa::data_type::bf16 ? "_dstbf16" : "_dstf32") +
+                                    (i.param.q_heads == 1 ? "" : "_gqa" + std::to_string(i.param.q_heads));
                          });
 
 } // namespace

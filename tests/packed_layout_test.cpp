@@ -743,4 +743,71 @@ TEST(packed_layout, every_writer_is_read_by_every_reader) {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Non-finite values reach only the rows that see them
+
+/// The bits of NaN (or, where the format has one, +inf) in format f, as the cache stores them.
+std::vector<uint8_t> special_bytes(format f, bool nan) {
+    switch (f) {
+        case format::f32:
+            return nan ? std::vector<uint8_t> { 0x00, 0x00, 0xC0, 0x7F }
+                       : std::vector<uint8_t> { 0x00, 0x00, 0x80, 0x7F };
+        case format::bf16: return { static_cast<uint8_t>(nan ? 0xC0 : 0x80), 0x7F };
+        case format::f16: return { 0x00, static_cast<uint8_t>(nan ? 0x7E : 0x7C) };
+        case format::e4m3: return { 0x7F }; // no infinity
+        default: return { static_cast<uint8_t>(nan ? 0x7E : 0x7C) };
+    }
+}
+
+// A causal prefill whose V holds NaN and inf at tokens that the first query rows do not see, and
+// whose K holds a NaN at a later token: rows that do not see a special value match the oracle
+// (finite), rows that do get what the oracle gets (NaN or inf). Items of 64 rows (GQA 4 x 16
+// tokens): x64:amx multiplies the values of whole chunks in tiles, where 0 * inf would be NaN for the
+// rows that must not see it.
+TEST(packed_layout, non_finite_values_reach_only_the_rows_that_see_them) {
+    for (format cache_fmt : { format::bf16, format::e4m3, format::e5m2, format::f16 })
+        for (format dst_fmt : { format::bf16, format::f32 }) {
+            attn_case c = make_case("specials", 8, 2, 64, 16, { { 48, 100 }, { 1, 40 } }, format::bf16,
+                                    cache_fmt, cache_layout::hnd)
+                                  .dst(dst_fmt);
+            c.shuffle = false;
+            SCOPED_TRACE(c.name());
+            attn_setup s = build_setup(c);
+            packed_cache pc =
+                    make_packed(c.cache_fmt, s.b.num_blocks, c.hkv, c.bs, c.d, region_layout::dense);
+            scales_spec ks, vs;
+            fill_packed(s, packed_writer(s, pc), pc, ks, vs);
+            const int64_t es = size_of(cache_fmt);
+            // (token of sequence 0, kv head, dim, NaN?, in K?) ; the query rows are positions 52..99.
+            struct special {
+                int64_t token, head, dim;
+                bool nan, key;
+            };
+            for (const special &x :
+                 { special { 60, 0, 3, true, false }, special { 75, 1, 17, false, false },
+                   special { 77, 0, 63, true, false }, special { 90, 1, 5, true, true } }) {
+                const std::vector<uint8_t> bits = special_bytes(cache_fmt, x.nan);
+                const int64_t block = s.b.block_of(0, x.token), t = x.token % c.bs;
+                char *plain = static_cast<char *>(x.key ? s.cache.k() : s.cache.v());
+                char *packed = static_cast<char *>(x.key ? pc.k() : pc.v());
+                std::memcpy(plain + (s.cache.offset(block, x.head, t) + x.dim) * es, bits.data(),
+                            bits.size());
+                const int64_t at =
+                        x.key ? pc.k_at(block, x.head, t, x.dim) : pc.v_at(block, x.head, t, x.dim);
+                std::memcpy(packed + at * es, bits.data(), bits.size());
+            }
+            const oracle::result ref = s.oracle_on_cache();
+            int64_t finite_rows = 0, special_rows = 0; // the test's own check that both kinds occur
+            for (int64_t t = 0; t < s.b.tokens; ++t) {
+                bool special_seen = false;
+                for (int64_t d = 0; d < c.d; ++d)
+                    special_seen = special_seen || !std::isfinite(ref.out[ref.index(t, 0, d)]);
+                (special_seen ? special_rows : finite_rows)++;
+            }
+            EXPECT_GT(finite_rows, 8);
+            EXPECT_GT(special_rows, 8);
+            attend_every_impl(s, pc, ks, vs, ref);
+        }
+}
+
 } // namespace

@@ -15,10 +15,12 @@ namespace pagedattn {
 namespace detail {
 
 // exp(x) for x <= 0 (scores minus their running max): range reduction to 2^n * exp(r) with
-// |r| <= ln2/2 and a degree-6 polynomial, relative error about 2e-7. Inputs below -87 give ~0.
+// |r| <= ln2/2 and a degree-6 polynomial, relative error about 2e-7. Inputs below -87 give ~0; NaN
+// gives NaN (vmaxps returns its second operand when either is NaN: a NaN score, from a NaN key or
+// query, must make its row NaN as in the reference, not weigh e^-87).
 template <typename V> typename V::reg exp_negative(typename V::reg x) {
     using R = typename V::reg;
-    x = V::max(x, V::set1(-87.f));
+    x = V::max(V::set1(-87.f), x);
     const R n = V::round(V::mul(x, V::set1(1.44269504088896341f)));
     R r = V::fma(n, V::set1(-0.693359375f), x);
     r = V::fma(n, V::set1(2.12194440e-4f), r);
