@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Every test in one command: installs the dependencies, then
 #   1. a Release build in build/ and all its tests;
-#   2. an ASan+UBSan build with clang in build-sanitize/ and its tests at reduced sizes
+#   2. a Release build with x64:amx on emulated tiles (PAGEDATTN_AMX_EMULATOR=ON) in
+#      build-amx-emulator/ and all its tests: the AMX kernel through every suite on a host without AMX;
+#   3. an ASan+UBSan build with clang in build-sanitize/ (the AMX emulator on too, so that the AMX
+#      kernel's loads and stores are checked) and its tests at reduced sizes
 #      (PAGEDATTN_TEST_REDUCED=1; the install test is left out);
-#   3. a build without the x86 kernels (PAGEDATTN_ENABLE_X64=OFF), its tests at reduced sizes.
+#   4. a build without the x86 kernels (PAGEDATTN_ENABLE_X64=OFF), its tests at reduced sizes.
 # Stops at the first failing stage.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -27,12 +30,18 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j "$jobs"
 run_ctest build release
 
-echo "== sanitizer build (build-sanitize/, clang, ASan + UBSan)"
+echo "== AMX emulator build (build-amx-emulator/, x64:amx on emulated tiles)"
+cmake -S . -B build-amx-emulator -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGEDATTN_AMX_EMULATOR=ON \
+  -DPAGEDATTN_BUILD_EXAMPLES=OFF -DPAGEDATTN_BUILD_BENCHMARKS=OFF
+cmake --build build-amx-emulator -j "$jobs"
+run_ctest build-amx-emulator amx-emulator
+
+echo "== sanitizer build (build-sanitize/, clang, ASan + UBSan, AMX emulator)"
 # -O1 -g without NDEBUG: faster to build than -O2, and assertions stay on.
 cmake -S . -B build-sanitize -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" -DPAGEDATTN_BUILD_EXAMPLES=OFF \
-  -DPAGEDATTN_BUILD_BENCHMARKS=OFF
+  -DPAGEDATTN_BUILD_BENCHMARKS=OFF -DPAGEDATTN_AMX_EMULATOR=ON
 cmake --build build-sanitize -j "$jobs"
 PAGEDATTN_TEST_REDUCED=1 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   run_ctest build-sanitize sanitizer -LE install

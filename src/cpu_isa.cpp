@@ -36,15 +36,22 @@ bool request_amx_permission() {
 #endif
 }
 
-cpu_isa detect_host_cpu_isa() {
+// The host's level, and why it is not the next one (PAGEDATTN_VERBOSE=3 prints it for the
+// implementations above the host).
+struct host_detection {
+    cpu_isa isa;
+    const char *limit;
+};
+
+host_detection detect_host() {
     unsigned eax, ebx, ecx, edx;
-    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return cpu_isa::generic;
+    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return { cpu_isa::generic, "CPUID leaf 1 is unavailable" };
     const bool fma = ecx & (1u << 12), osxsave = ecx & (1u << 27), f16c = ecx & (1u << 29);
-    if (!osxsave) return cpu_isa::generic;
+    if (!osxsave) return { cpu_isa::generic, "the OS does not enable XSAVE (no AVX)" };
     const uint64_t xcr0 = read_xcr0();
-    if ((xcr0 & 0x6) != 0x6) return cpu_isa::generic; // SSE and AVX state saved by the OS
+    if ((xcr0 & 0x6) != 0x6) return { cpu_isa::generic, "the OS does not save AVX state (XCR0)" };
     unsigned max_leaf = __get_cpuid_max(0, nullptr);
-    if (max_leaf < 7) return cpu_isa::generic;
+    if (max_leaf < 7) return { cpu_isa::generic, "CPUID leaf 7 is unavailable (no AVX2)" };
     __cpuid_count(7, 0, eax, ebx, ecx, edx);
     const bool avx2 = ebx & (1u << 5);
     const bool avx512f = ebx & (1u << 16), avx512bw = ebx & (1u << 30), avx512vl = ebx & (1u << 31);
@@ -57,20 +64,30 @@ cpu_isa detect_host_cpu_isa() {
         __cpuid_count(7, 1, a1, b1, c1, d1);
         avx512_bf16 = a1 & (1u << 5);
     }
-    if (!(avx2 && fma && f16c)) return cpu_isa::generic;
-    if (!(avx512f && avx512bw && avx512vl) || (xcr0 & 0xE0) != 0xE0) return cpu_isa::avx2;
+    if (!(avx2 && fma && f16c)) return { cpu_isa::generic, "the CPU lacks AVX2, FMA or F16C" };
+    if (!(avx512f && avx512bw && avx512vl)) return { cpu_isa::avx2, "the CPU lacks AVX512F/BW/VL" };
+    if ((xcr0 & 0xE0) != 0xE0) return { cpu_isa::avx2, "the OS does not save AVX-512 state (XCR0)" };
     // The avx512_bf16 tier decodes FP8 by byte tables (AVX512-VBMI): every CPU with AVX512-BF16
     // has VBMI but Cooper Lake, which x64:avx512 then serves.
-    if (!avx512_bf16 || !avx512_vbmi) return cpu_isa::avx512;
-    if (!(amx_bf16 && amx_tile) || (xcr0 & 0x60000) != 0x60000 || !request_amx_permission())
-        return cpu_isa::avx512_bf16;
-    return cpu_isa::amx;
+    if (!avx512_bf16 || !avx512_vbmi) return { cpu_isa::avx512, "the CPU lacks AVX512-BF16 or AVX512-VBMI" };
+    if (!(amx_bf16 && amx_tile))
+        return { cpu_isa::avx512_bf16, "the CPU lacks AMX-TILE or AMX-BF16 (CPUID)" };
+    if ((xcr0 & 0x60000) != 0x60000)
+        return { cpu_isa::avx512_bf16, "the OS does not enable AMX tile state (XCR0 bits 17-18)" };
+    if (!request_amx_permission())
+        return { cpu_isa::avx512_bf16, "Linux refused AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM)" };
+    return { cpu_isa::amx, "" };
 }
 #else
-cpu_isa detect_host_cpu_isa() {
-    return cpu_isa::generic;
+host_detection detect_host() {
+    return { cpu_isa::generic, "not an x86 CPU" };
 }
 #endif
+
+const host_detection &host() {
+    static const host_detection detected = detect_host();
+    return detected;
+}
 
 cpu_isa read_environment_cap() {
     const char *value = std::getenv("PAGEDATTN_MAX_CPU_ISA");
@@ -100,8 +117,7 @@ const char *cpu_isa_name(cpu_isa isa) {
 }
 
 cpu_isa get_host_cpu_isa() {
-    static const cpu_isa host = detect_host_cpu_isa();
-    return host;
+    return host().isa;
 }
 
 cpu_isa get_max_cpu_isa() {
@@ -123,6 +139,10 @@ bool parse_cpu_isa(const char *name, cpu_isa &isa) {
         }
     }
     return false;
+}
+
+const char *host_cpu_isa_limit() {
+    return host().limit;
 }
 
 cpu_isa effective_cpu_isa(const primitive_attr &attr) {

@@ -12,6 +12,10 @@ namespace detail {
 /// min(host, environment cap, attribute cap).
 cpu_isa effective_cpu_isa(const primitive_attr &attr);
 
+/// Why the host is at get_host_cpu_isa() and not higher: the first feature it lacks (a CPUID
+/// bit, the OS's register state, Linux's AMX permission); empty on an AMX host.
+const char *host_cpu_isa_limit();
+
 /// Parses "avx2", "AVX512_bf16", "all", ... Returns false for an unknown name.
 bool parse_cpu_isa(const char *name, cpu_isa &isa);
 

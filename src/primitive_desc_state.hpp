@@ -42,7 +42,7 @@ int find_implementation(const Implementation *const *list, int count, int first,
         const Implementation &impl = *list[i];
         std::string reason;
         if (impl.isa > get_host_cpu_isa())
-            reason = concat("the host lacks ", cpu_isa_name(impl.isa));
+            reason = concat("the host lacks ", cpu_isa_name(impl.isa), " (", host_cpu_isa_limit(), ")");
         else if (impl.isa > cap)
             reason = concat("ISA capped at ", cpu_isa_name(cap));
         else

@@ -209,6 +209,27 @@ TEST_F(verbose, level_3_adds_why_implementations_declined) {
     }
 }
 
+// An implementation above the host's level says which feature the host lacks. On a host without AMX
+// (and a build with the hardware tiles) that is x64:amx: the CPUID bits, the OS's tile state in XCR0
+// or Linux's permission for tile data, whichever failed first.
+TEST_F(verbose, an_implementation_above_the_host_names_what_the_host_lacks) {
+#if PAGEDATTN_AMX_EMULATOR
+    GTEST_SKIP() << "x64:amx runs on emulated tiles in this build: it is never above the host";
+#else
+    if (get_host_cpu_isa() >= cpu_isa::amx) GTEST_SKIP() << "the host has AMX: nothing is above it";
+    pa_setup p;
+    set_verbose(3);
+    const auto lines = verbose_lines([&] { p.make_pd(); });
+    set_verbose(0);
+    const std::regex amx(
+            R"(^pagedattn_verbose,create:dispatch,paged_attention,x64:amx,the host lacks amx \((the CPU lacks AMX-TILE or AMX-BF16 \(CPUID\)|the OS does not enable AMX tile state.*|Linux refused AMX tile data.*|the CPU lacks .*|the OS does not .*)\)$)");
+    size_t found = 0;
+    for (const auto &l : lines)
+        found += std::regex_match(l, amx);
+    EXPECT_EQ(found, 1u) << joined(lines);
+#endif
+}
+
 TEST_F(verbose, level_1_prints_exec_lines_only) {
     pa_setup p;
     set_verbose(1);
