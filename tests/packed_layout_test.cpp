@@ -810,4 +810,65 @@ TEST(packed_layout, non_finite_values_reach_only_the_rows_that_see_them) {
         }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Split KV ranges on the packed layout
+
+// Plans that split the long sequences' KV ranges into 2 and 7 pieces (merged with log-sum-exp) match
+// the oracle on every implementation: pieces that start and end inside 16-token groups and chunks,
+// prefill items of 64 rows (x64:amx's tiles, bf16 and FP8, with a bf16 and an f32 dst) and a window
+// that hides whole pieces from some rows.
+TEST(packed_layout, split_kv_ranges_match_the_oracle) {
+    const bool red = reduced();
+    std::vector<attn_case> cases;
+    cases.push_back(make_case("split_tiles", 8, 2, 128, 16, { { 64, red ? 700 : 1500 }, { 3, 90 } },
+                              format::bf16, format::bf16, cache_layout::hnd));
+    cases.push_back(make_case("split_e4m3", 8, 1, 80, 32, { { 24, red ? 500 : 1300 } }, format::bf16,
+                              format::e4m3, cache_layout::hnd)
+                            .scales(scales::per_token, scales::per_token)
+                            .window(255, 0)
+                            .with_sinks());
+    cases.push_back(make_case("split_f32_dst", 4, 2, 48, 16, { { 20, 400 } }, format::bf16, format::e5m2,
+                              cache_layout::hnd)
+                            .scales(scales::per_kv_head, scales::per_tensor, 0.037f, 5.3f)
+                            .dst(format::f32));
+    for (const attn_case &c : cases) {
+        SCOPED_TRACE(c.name());
+        const attn_setup s = build_setup(c);
+        const oracle::result ref = s.oracle_on_cache();
+        packed_cache pc = make_packed(c.cache_fmt, s.b.num_blocks, c.hkv, c.bs, c.d, region_layout::padded);
+        scales_spec ks, vs;
+        fill_packed(s, packed_writer(s, pc), pc, ks, vs);
+        pa::paged_attention::primitive_desc pd = packed_reader(s, pc);
+        dnnl::stream st = make_stream();
+        do {
+            SCOPED_TRACE(std::string("impl ") + pd.impl_info_str());
+            const pa::paged_attention prim(pd);
+            for (int splits : { 2, 7 }) {
+                SCOPED_TRACE(std::to_string(splits) + " splits");
+                const pa::paged_attention::plan plan(
+                        pd,
+                        pa::tensor(pa::tensor_desc({ s.b.num_seqs }, pa::data_type::s32),
+                                   s.b.seq_lens.data()),
+                        pa::tensor(pa::tensor_desc({ s.b.num_seqs + 1 }, pa::data_type::s32),
+                                   s.b.query_start_loc.data()),
+                        splits);
+                EXPECT_GE(plan.split_items(), 2 * c.hkv) << "the long sequence's items must be split";
+                buffer dst = s.make_dst();
+                pa::exec_args a = s.args(s.q.data(), dst.data());
+                a[pa::ARG_K_CACHE] = pa::tensor(pc.md(), pc.k());
+                a[pa::ARG_V_CACHE] = pa::tensor(pc.md(), pc.v());
+                if (ks.kind != scales::none)
+                    a[pa::ARG_K_SCALES] = pa::tensor(ks.md(s.b.num_blocks, c.hkv, c.bs), ks.values.data());
+                if (vs.kind != scales::none)
+                    a[pa::ARG_V_SCALES] = pa::tensor(vs.md(s.b.num_blocks, c.hkv, c.bs), vs.values.data());
+                a[pa::ARG_PLAN] = plan.as_tensor();
+                prim.execute(st, a);
+                st.wait();
+                const comparison cmp = compare_attention(dst.data(), c.dst_fmt, ref);
+                EXPECT_EQ(cmp.failures, 0) << cmp;
+            }
+        } while (pd.next_impl());
+    }
+}
+
 } // namespace
