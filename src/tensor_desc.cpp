@@ -1,4 +1,6 @@
 #include <algorithm>
+#include <limits>
+#include <string>
 
 #include "error.hpp"
 
@@ -66,6 +68,21 @@ const char *arg_name(int arg) {
 }
 
 namespace {
+std::string dims_text(const dims &d) {
+    std::string out;
+    for (size_t i = 0; i < d.size(); ++i)
+        out += (i ? "x" : "") + (d[i] == runtime_dim ? std::string("*") : std::to_string(d[i]));
+    return out;
+}
+
+[[noreturn]] void throw_overflow(const dims &d) {
+    detail::throw_error(
+            status::invalid_arguments,
+            detail::concat("tensor_desc: dims ", dims_text(d),
+                           ": the element count, an offset or the size in bytes overflows 64 bits"));
+}
+
+// Dense strides; a product that overflows 64 bits makes the desc invalid (it could not be addressed).
 dims dense_strides(const dims &d) {
     dims strides(d.size(), 0);
     dim stride = 1;
@@ -73,21 +90,40 @@ dims dense_strides(const dims &d) {
         strides[i] = stride;
         if (d[i] == runtime_dim || stride == runtime_dim)
             stride = runtime_dim;
-        else
-            stride *= std::max<dim>(d[i], 1);
+        else if (__builtin_mul_overflow(stride, std::max<dim>(d[i], 1), &stride))
+            throw_overflow(d);
     }
     return strides;
 }
+
+// Every count and offset get_size and nelems compute, and the byte size, fit 64 bits.
+void check_extent(const dims &d, const dims &strides, data_type dt) {
+    dim count = 1, last = 0;
+    for (size_t i = 0; i < d.size(); ++i) {
+        if (d[i] == runtime_dim || strides[i] == runtime_dim || d[i] <= 0) continue;
+        if (strides[i] == std::numeric_limits<dim>::min()) throw_overflow(d);
+        dim reach;
+        if (__builtin_mul_overflow(count, d[i], &count) ||
+            __builtin_mul_overflow(d[i] - 1, strides[i] < 0 ? -strides[i] : strides[i], &reach) ||
+            __builtin_add_overflow(last, reach, &last))
+            throw_overflow(d);
+    }
+    dim bytes;
+    if (__builtin_mul_overflow(last + 1, static_cast<dim>(std::max<size_t>(data_type_size(dt), 1)), &bytes))
+        throw_overflow(d);
+}
 } // namespace
 
-tensor_desc::tensor_desc(const dims &d, data_type dt)
-    : dims_(d), strides_(dense_strides(d)), data_type_(dt) {}
+tensor_desc::tensor_desc(const dims &d, data_type dt) : dims_(d), strides_(dense_strides(d)), data_type_(dt) {
+    check_extent(dims_, strides_, data_type_);
+}
 
 tensor_desc::tensor_desc(const dims &d, data_type dt, const dims &strides)
     : dims_(d), strides_(strides), data_type_(dt) {
     if (strides.size() != d.size())
         detail::throw_error(status::invalid_arguments, detail::concat("tensor_desc: ", d.size(), " dims but ",
                                                                       strides.size(), " strides"));
+    check_extent(dims_, strides_, data_type_);
 }
 
 tensor_desc::tensor_desc(const dims &d, data_type dt, layout l) : tensor_desc(d, dt) {
