@@ -72,6 +72,58 @@ TEST_P(thread_counts, agree_with_each_other_and_the_oracle) {
     } while (pd.next_impl());
 }
 
+// Determinism: for one implementation and one plan, dst is the same bits on 1, 2 and 7 threads (the
+// plan fixes the partition, split-KV pieces included, and each item's arithmetic is sequential);
+// and execute without a plan gives the bits of a plan built in the same arena (it builds the same
+// one). Only the partition chosen without a plan varies with the thread count (more KV splits on
+// more threads), which agree_with_each_other_and_the_oracle bounds.
+TEST_P(thread_counts, one_plan_gives_the_same_bits_on_any_thread_count) {
+    const attn_case &c = GetParam();
+    const attn_setup s = build_setup(c);
+    pa::paged_attention::primitive_desc pd(engine(), s.desc(), s.attr());
+    tbb::global_control gc(tbb::global_control::max_allowed_parallelism, 7);
+    const pa::tensor lens(pa::tensor_desc({ s.b.num_seqs }, pa::data_type::s32), s.b.seq_lens.data());
+    const pa::tensor starts(pa::tensor_desc({ s.b.num_seqs + 1 }, pa::data_type::s32),
+                            s.b.query_start_loc.data());
+    do {
+        SCOPED_TRACE(std::string("impl ") + pd.impl_info_str());
+        const pa::paged_attention prim(pd);
+        for (int splits : { 1, 3 }) {
+            SCOPED_TRACE(std::to_string(splits) + " KV pieces per item");
+            const pa::paged_attention::plan plan(pd, lens, starts, splits);
+            std::vector<buffer> out;
+            for (int n : { 1, 2, 7 }) {
+                buffer dst = s.make_dst();
+                tbb::task_arena(n).execute([&] {
+                    dnnl::stream st = make_stream();
+                    pa::exec_args a = s.args(s.q.data(), dst.data());
+                    a[pa::ARG_PLAN] = plan.as_tensor();
+                    prim.execute(st, a);
+                    st.wait();
+                });
+                out.push_back(std::move(dst));
+            }
+            for (size_t i = 1; i < out.size(); ++i)
+                EXPECT_EQ(std::memcmp(out[i].data(), out[0].data(), out[0].size()), 0)
+                        << (i == 1 ? 2 : 7) << " threads gave other bits than 1 thread with the same plan";
+        }
+        for (int n : { 1, 2, 7 }) {
+            SCOPED_TRACE(std::to_string(n) + " threads, no plan against the arena's own plan");
+            buffer with_plan = s.make_dst(), without = s.make_dst();
+            tbb::task_arena(n).execute([&] {
+                const pa::paged_attention::plan plan(pd, lens, starts);
+                dnnl::stream st = make_stream();
+                pa::exec_args a = s.args(s.q.data(), with_plan.data());
+                a[pa::ARG_PLAN] = plan.as_tensor();
+                prim.execute(st, a);
+                prim.execute(st, s.args(s.q.data(), without.data()));
+                st.wait();
+            });
+            EXPECT_EQ(std::memcmp(with_plan.data(), without.data(), with_plan.size()), 0);
+        }
+    } while (pd.next_impl());
+}
+
 INSTANTIATE_TEST_SUITE_P(batches, thread_counts, ::testing::ValuesIn(thread_cases()),
                          [](const ::testing::TestParamInfo<attn_case> &i) { return i.param.name(); });
 
