@@ -8,7 +8,10 @@
 // also measured once at the start (the header line and the CSV's ceiling rows).
 //
 //   pagedattn_bench [--csv PATH] [--filter decode|verify|prefill|reshape] [--reps N] [--no-flush]
-//                  [--small-pages] [--context N]
+//                  [--small-pages] [--context N] [--isa LIST]
+// --isa avx2,avx512,avx512_bf16,amx,all runs every case once per ISA cap of the list (the attribute
+// primitive_attr::set_max_cpu_isa on both primitives), so that one run compares the implementations:
+// the impl column names what each cap chose.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -210,7 +213,8 @@ struct config {
     bool flush = true;      // --no-flush: caches stay warm (diagnosis: compute vs memory)
     bool huge_pages = true; // --small-pages: 4 KiB pages for every buffer
     big_array<uint64_t> flush_buffer;
-    long context = 0; // --context N: only the decode shapes of that context (while tuning a kernel)
+    long context = 0;           // --context N: only the decode shapes of that context (while tuning a kernel)
+    cpu_isa cap = cpu_isa::all; // the cap of the current pass (--isa)
     std::unique_ptr<ceilings> machine;
     double dram = 0, matmul_bf16 = 0, matmul_f32 = 0; // measured at the start
     std::vector<row> rows;
@@ -255,7 +259,7 @@ struct attention_case {
     tensor_desc cache_md;
 
     attention_case(long batch_, long q_len_, long context_, long block_size_, data_type dt, bool causal_,
-                   bool huge_pages)
+                   bool huge_pages, cpu_isa cap)
         : batch(batch_), q_len(q_len_), context(context_), block_size(block_size_), cache_type(dt),
           causal(causal_) {
         dnnl::engine eng(dnnl::engine::kind::cpu, 0);
@@ -263,11 +267,15 @@ struct attention_case {
         const dim num_blocks = batch * blocks_per_seq;
         paged_attention::options o;
         o.causal = causal;
+        primitive_attr attr;
+        attr.set_max_cpu_isa(cap);
         pd = paged_attention::primitive_desc(
-                eng, paged_attention::desc({ { runtime_dim, hq, d }, data_type::bf16 },
-                                           { { num_blocks, hkv, block_size, d }, dt, layout::any },
-                                           { { num_blocks, hkv, block_size, d }, dt, layout::any },
-                                           { { runtime_dim, hq, d }, data_type::bf16 }, o));
+                eng,
+                paged_attention::desc({ { runtime_dim, hq, d }, data_type::bf16 },
+                                      { { num_blocks, hkv, block_size, d }, dt, layout::any },
+                                      { { num_blocks, hkv, block_size, d }, dt, layout::any },
+                                      { { runtime_dim, hq, d }, data_type::bf16 }, o),
+                attr);
         primitive = paged_attention(pd);
         cache_md = pd.query_md(ARG_K_CACHE);
         k_cache = big_array<uint8_t>(cache_md.get_size(), huge_pages);
@@ -416,7 +424,7 @@ void run_attention(config &cfg) {
                 cases.reserve(6);
                 for (long batch : { 1L, 8L })
                     for (data_type dt : types)
-                        cases.emplace_back(batch, 1, context, block_size, dt, true, cfg.huge_pages);
+                        cases.emplace_back(batch, 1, context, block_size, dt, true, cfg.huge_pages, cfg.cap);
                 std::vector<attention_case *> pointers;
                 for (attention_case &c : cases)
                     pointers.push_back(&c);
@@ -424,8 +432,8 @@ void run_attention(config &cfg) {
             }
         std::vector<attention_case> cases;
         cases.reserve(2);
-        cases.emplace_back(1, 1, 8192, 128, data_type::bf16, true, cfg.huge_pages);
-        cases.emplace_back(1, 1, 8192, 128, data_type::f8_e4m3, true, cfg.huge_pages);
+        cases.emplace_back(1, 1, 8192, 128, data_type::bf16, true, cfg.huge_pages, cfg.cap);
+        cases.emplace_back(1, 1, 8192, 128, data_type::f8_e4m3, true, cfg.huge_pages, cfg.cap);
         time_attention(cfg, "decode", { &cases[0], &cases[1] }, 1, true);
     }
     if (cfg.wants("verify")) {
@@ -433,7 +441,7 @@ void run_attention(config &cfg) {
         cases.reserve(4);
         for (long q_len : { 4L, 1L })
             for (data_type dt : { data_type::bf16, data_type::f8_e4m3 })
-                cases.emplace_back(8, q_len, 2048, 128, dt, true, cfg.huge_pages);
+                cases.emplace_back(8, q_len, 2048, 128, dt, true, cfg.huge_pages, cfg.cap);
         time_attention(cfg, "verify", { &cases[0], &cases[1], &cases[2], &cases[3] }, 2, true);
     }
     if (cfg.wants("prefill")) {
@@ -441,7 +449,7 @@ void run_attention(config &cfg) {
             std::vector<attention_case> cases;
             cases.reserve(2);
             for (data_type dt : { data_type::bf16, data_type::f8_e4m3 })
-                cases.emplace_back(1, n, n, 128, dt, true, cfg.huge_pages);
+                cases.emplace_back(1, n, n, 128, dt, true, cfg.huge_pages, cfg.cap);
             time_attention(cfg, "prefill", { &cases[0], &cases[1] }, 2, false);
         }
     }
@@ -459,10 +467,11 @@ struct reshape_case {
     exec_args args;
 
     reshape_case(data_type dt, const big_array<uint16_t> &key, const big_array<uint16_t> &value,
-                 const std::vector<int64_t> &slots, bool huge_pages)
+                 const std::vector<int64_t> &slots, bool huge_pages, cpu_isa cap)
         : cache_type(dt) {
         dnnl::engine eng(dnnl::engine::kind::cpu, 0);
         primitive_attr attr;
+        attr.set_max_cpu_isa(cap);
         if (data_type_size(dt) == 1) {
             attr.set_scales_mask(ARG_K_CACHE, scales_per_token);
             attr.set_scales_mask(ARG_V_CACHE, scales_per_token);
@@ -512,7 +521,7 @@ void run_reshape(config &cfg) {
     std::vector<reshape_case> cases;
     cases.reserve(2);
     for (data_type dt : { data_type::bf16, data_type::f8_e4m3 })
-        cases.emplace_back(dt, key, value, slots, cfg.huge_pages);
+        cases.emplace_back(dt, key, value, slots, cfg.huge_pages, cfg.cap);
     std::vector<std::function<void()>> runs;
     for (reshape_case &c : cases)
         runs.push_back([&c, &s] { c.primitive.execute(s, c.args); });
@@ -542,6 +551,7 @@ void run_reshape(config &cfg) {
 
 int main(int argc, char **argv) {
     config cfg;
+    std::vector<cpu_isa> caps { cpu_isa::all };
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--csv" && i + 1 < argc)
@@ -556,10 +566,27 @@ int main(int argc, char **argv) {
             cfg.reps = std::max(1, std::atoi(argv[++i]));
         else if (a == "--context" && i + 1 < argc)
             cfg.context = std::atol(argv[++i]);
-        else {
-            std::printf("usage: %s [--csv PATH] [--filter decode|verify|prefill|reshape] [--reps N] "
-                        "[--no-flush] [--small-pages] [--context N]\n",
-                        argv[0]);
+        else if (a == "--isa" && i + 1 < argc) {
+            caps.clear();
+            std::string list = argv[++i];
+            for (size_t start = 0; start <= list.size();) {
+                const size_t end = std::min(list.find(',', start), list.size());
+                const std::string name = list.substr(start, end - start);
+                bool known = false;
+                for (cpu_isa isa : { cpu_isa::generic, cpu_isa::avx2, cpu_isa::avx512, cpu_isa::avx512_bf16,
+                                     cpu_isa::amx, cpu_isa::all })
+                    if (name == cpu_isa_name(isa)) caps.push_back(isa), known = true;
+                if (!known) {
+                    std::fprintf(stderr, "pagedattn_bench: unknown ISA '%s' in --isa\n", name.c_str());
+                    return 2;
+                }
+                start = end + 1;
+            }
+        } else {
+            std::printf(
+                    "usage: %s [--csv PATH] [--filter decode|verify|prefill|reshape] [--reps N] "
+                    "[--no-flush] [--small-pages] [--context N] [--isa avx2,avx512,avx512_bf16,amx,all]\n",
+                    argv[0]);
             return a == "--help" ? 0 : 2;
         }
     }
@@ -583,8 +610,11 @@ int main(int argc, char **argv) {
                 m.has_bf16_matmul() ? "bf16" : "f32");
         std::printf("%-8s %5s %5s %7s %-8s %5s %3s %-16s %10s %8s %8s %7s %6s\n", "kind", "batch", "q_len",
                     "context", "cache", "bs", "thr", "impl", "median_ms", "GB/s", "GFLOP/s", "ceil", "frac");
-        run_attention(cfg);
-        run_reshape(cfg);
+        for (cpu_isa cap : caps) {
+            cfg.cap = cap;
+            run_attention(cfg);
+            run_reshape(cfg);
+        }
     } catch (const pagedattn::error &e) {
         std::fprintf(stderr, "pagedattn_bench: %s\n", e.what());
         return 1;
