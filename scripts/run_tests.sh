@@ -6,7 +6,8 @@
 #   3. an ASan+UBSan build with clang in build-sanitize/ (the AMX emulator on too, so that the AMX
 #      kernel's loads and stores are checked) and its tests at reduced sizes
 #      (PAGEDATTN_TEST_REDUCED=1; the install test is left out);
-#   4. a build without the x86 kernels (PAGEDATTN_ENABLE_X64=OFF), its tests at reduced sizes.
+#   4. a build without the x86 kernels (PAGEDATTN_ENABLE_X64=OFF), its tests at reduced sizes;
+#   5. 60 s of the libFuzzer target over both primitives (tests/fuzz/run.sh, clang, ASan + UBSan).
 # Stops at the first failing stage.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -53,3 +54,8 @@ cmake -S . -B build-portable -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGEDATTN_ENA
 cmake --build build-portable -j "$jobs"
 # Everything but the test that a fast implementation is chosen (there is none in this build).
 PAGEDATTN_TEST_REDUCED=1 run_ctest build-portable portable -E 'selection|env_cap' -LE install
+
+echo "== fuzzing (build-fuzz/, libFuzzer + ASan + UBSan, 60 s on tests/fuzz/corpus)"
+start=$(date +%s)
+tests/fuzz/run.sh 60
+echo "== fuzz: no crash, sanitizer report or partial write in $(( $(date +%s) - start )) s"
