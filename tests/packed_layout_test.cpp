@@ -9,6 +9,10 @@
 //    read by every paged_attention implementation.
 #include <functional>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
 #include "test_util.hpp"
 
 namespace {
@@ -906,6 +910,38 @@ TEST(packed_layout, a_nan_filled_user_scratchpad_changes_nothing) {
             EXPECT_EQ(cmp.failures, 0) << cmp;
         } while (pd.next_impl());
     }
+}
+
+// A caller that sets flush-to-zero and denormals-are-zero in MXCSR (as some engines do for speed)
+// gets the same results within the oracle's tolerance on every implementation, FP8 subnormals
+// included (the decoders do not go through f32 denormals; only values below FLT_MIN are lost, which
+// the tolerance's FLT_MIN term allows). The bits are set in the calling thread; TBB's workers run
+// with the FP settings of the thread that starts a parallel algorithm.
+TEST(packed_layout, ftz_and_daz_in_mxcsr_change_nothing_beyond_rounding) {
+#if defined(__x86_64__) || defined(__i386__)
+    for (format cache_fmt : { format::e4m3, format::e5m2, format::bf16 }) {
+        const attn_case c = make_case("ftz_daz", 8, 2, 64, 16, { { 40, 100 }, { 1, 300 } }, format::bf16,
+                                      cache_fmt, cache_layout::hnd)
+                                    .scales(is_fp8(cache_fmt) ? scales::per_token : scales::none,
+                                            is_fp8(cache_fmt) ? scales::per_token : scales::none)
+                                    .with_outliers();
+        SCOPED_TRACE(c.name());
+        const attn_setup s = build_setup(c);
+        const oracle::result ref = s.oracle_on_cache();
+        packed_cache pc = make_packed(c.cache_fmt, s.b.num_blocks, c.hkv, c.bs, c.d, region_layout::dense);
+        scales_spec ks, vs;
+        fill_packed(s, packed_writer(s, pc), pc, ks, vs);
+        const unsigned saved = _mm_getcsr();
+        _mm_setcsr(saved | 0x8040u); // FTZ (bit 15) and DAZ (bit 6)
+        const std::vector<std::string> names = attend_every_impl(s, pc, ks, vs, ref);
+        const unsigned after = _mm_getcsr();
+        _mm_setcsr(saved);
+        EXPECT_EQ(after, saved | 0x8040u) << "the library changed the caller's MXCSR";
+        EXPECT_EQ(names.back(), "ref:any");
+    }
+#else
+    GTEST_SKIP() << "MXCSR is x86's";
+#endif
 }
 
 } // namespace
