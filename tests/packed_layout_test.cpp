@@ -763,9 +763,9 @@ std::vector<uint8_t> special_bytes(format f, bool nan) {
     }
 }
 
-// A causal prefill whose V holds NaN and inf at tokens that the first query rows do not see, and
-// whose K holds a NaN at a later token: rows that do not see a special value match the oracle
-// (finite), rows that do get what the oracle gets (NaN or inf). Items of 64 rows (GQA 4 x 16
+// A causal prefill whose V holds NaN and inf at tokens that the first query rows do not see, whose K
+// holds a NaN at a later token, and two of whose query rows hold a NaN: rows that do not see a special value
+// match the oracle (finite), rows that do get what the oracle gets (NaN or inf). Items of 64 rows (GQA 4 x 16
 // tokens): x64:amx multiplies the values of whole chunks in tiles, where 0 * inf would be NaN for the
 // rows that must not see it.
 TEST(packed_layout, non_finite_values_reach_only_the_rows_that_see_them) {
@@ -800,7 +800,14 @@ TEST(packed_layout, non_finite_values_reach_only_the_rows_that_see_them) {
                         x.key ? pc.k_at(block, x.head, t, x.dim) : pc.v_at(block, x.head, t, x.dim);
                 std::memcpy(packed + at * es, bits.data(), bits.size());
             }
+            // A NaN in two query rows (token 10, q head 1; the decode's token 48, q head 5): those
+            // rows are NaN, the others of their tiles and kv heads are not.
+            const uint16_t nan_bits = 0x7FC0;
+            for (const std::pair<int64_t, int64_t> &th : { std::pair<int64_t, int64_t> { 10, 1 }, { 48, 5 } })
+                std::memcpy(s.q.data() + ((th.first * c.hq + th.second) * c.d + 7) * 2, &nan_bits, 2);
             const oracle::result ref = s.oracle_on_cache();
+            for (const std::pair<int64_t, int64_t> &th : { std::pair<int64_t, int64_t> { 10, 1 }, { 48, 5 } })
+                EXPECT_TRUE(std::isnan(ref.out[ref.index(th.first, th.second, 0)])) << "test bug: the oracle";
             int64_t finite_rows = 0, special_rows = 0; // the test's own check that both kinds occur
             for (int64_t t = 0; t < s.b.tokens; ++t) {
                 bool special_seen = false;
