@@ -566,6 +566,20 @@ pa::paged_attention::primitive_desc packed_reader(const attn_setup &s, const pac
             engine(), pa::paged_attention::desc(qmd, pc.md(), pc.md(), dmd, s.opts), s.attr());
 }
 
+/// The setup's arguments with the packed caches (and their scales) in place of the plain ones.
+pa::exec_args packed_args(const attn_setup &s, const packed_cache &pc, const scales_spec &ks,
+                          const scales_spec &vs, void *dst) {
+    const attn_case &c = s.c;
+    pa::exec_args a = s.args(s.q.data(), dst);
+    a[pa::ARG_K_CACHE] = pa::tensor(pc.md(), pc.k());
+    a[pa::ARG_V_CACHE] = pa::tensor(pc.md(), pc.v());
+    if (ks.kind != scales::none)
+        a[pa::ARG_K_SCALES] = pa::tensor(ks.md(s.b.num_blocks, c.hkv, c.bs), ks.values.data());
+    if (vs.kind != scales::none)
+        a[pa::ARG_V_SCALES] = pa::tensor(vs.md(s.b.num_blocks, c.hkv, c.bs), vs.values.data());
+    return a;
+}
+
 /// Runs every paged_attention implementation that accepts the packed cache and compares with the
 /// oracle on the plain cache. Returns the implementations visited.
 std::vector<std::string> attend_every_impl(const attn_setup &s, const packed_cache &pc, const scales_spec &ks,
@@ -580,14 +594,7 @@ std::vector<std::string> attend_every_impl(const attn_setup &s, const packed_cac
         SCOPED_TRACE(std::string("paged_attention impl ") + pd.impl_info_str());
         pa::paged_attention prim(pd);
         buffer dst = s.make_dst();
-        pa::exec_args a = s.args(s.q.data(), dst.data());
-        a[pa::ARG_K_CACHE] = pa::tensor(pc.md(), pc.k());
-        a[pa::ARG_V_CACHE] = pa::tensor(pc.md(), pc.v());
-        if (ks.kind != scales::none)
-            a[pa::ARG_K_SCALES] = pa::tensor(ks.md(s.b.num_blocks, c.hkv, c.bs), ks.values.data());
-        if (vs.kind != scales::none)
-            a[pa::ARG_V_SCALES] = pa::tensor(vs.md(s.b.num_blocks, c.hkv, c.bs), vs.values.data());
-        prim.execute(st, a);
+        prim.execute(st, packed_args(s, pc, ks, vs, dst.data()));
         st.wait();
         const comparison cmp = compare_attention(dst.data(), c.dst_fmt, ref);
         EXPECT_EQ(cmp.failures, 0) << "packed cache against the oracle on the plain cache: " << cmp;
@@ -865,13 +872,7 @@ TEST(packed_layout, split_kv_ranges_match_the_oracle) {
                         splits);
                 EXPECT_GE(plan.split_items(), 2 * c.hkv) << "the long sequence's items must be split";
                 buffer dst = s.make_dst();
-                pa::exec_args a = s.args(s.q.data(), dst.data());
-                a[pa::ARG_K_CACHE] = pa::tensor(pc.md(), pc.k());
-                a[pa::ARG_V_CACHE] = pa::tensor(pc.md(), pc.v());
-                if (ks.kind != scales::none)
-                    a[pa::ARG_K_SCALES] = pa::tensor(ks.md(s.b.num_blocks, c.hkv, c.bs), ks.values.data());
-                if (vs.kind != scales::none)
-                    a[pa::ARG_V_SCALES] = pa::tensor(vs.md(s.b.num_blocks, c.hkv, c.bs), vs.values.data());
+                pa::exec_args a = packed_args(s, pc, ks, vs, dst.data());
                 a[pa::ARG_PLAN] = plan.as_tensor();
                 prim.execute(st, a);
                 st.wait();
@@ -907,9 +908,7 @@ TEST(packed_layout, a_nan_filled_user_scratchpad_changes_nothing) {
             const pa::paged_attention prim(pd);
             buffer scratch(pd.scratchpad_desc().get_size()); // 0xFF-filled
             buffer dst = s.make_dst();
-            pa::exec_args a = s.args(s.q.data(), dst.data());
-            a[pa::ARG_K_CACHE] = pa::tensor(pc.md(), pc.k());
-            a[pa::ARG_V_CACHE] = pa::tensor(pc.md(), pc.v());
+            pa::exec_args a = packed_args(s, pc, ks, vs, dst.data());
             a[pa::ARG_SCRATCHPAD] = pa::tensor(pd.scratchpad_desc(), scratch.data());
             prim.execute(st, a);
             st.wait();

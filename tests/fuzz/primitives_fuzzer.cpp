@@ -31,11 +31,12 @@ struct outcomes {
 };
 outcomes attention_outcomes, reshape_outcomes;
 void print_outcomes() {
-    std::fprintf(stderr,
-                 "outcomes: paged_attention rejected %ld, thrown %ld, computed %ld; reshape_and_cache rejected "
-                 "%ld, thrown %ld, computed %ld\n",
-                 attention_outcomes.rejected, attention_outcomes.thrown, attention_outcomes.computed,
-                 reshape_outcomes.rejected, reshape_outcomes.thrown, reshape_outcomes.computed);
+    std::fprintf(
+            stderr,
+            "outcomes: paged_attention rejected %ld, thrown %ld, computed %ld; reshape_and_cache rejected "
+            "%ld, thrown %ld, computed %ld\n",
+            attention_outcomes.rejected, attention_outcomes.thrown, attention_outcomes.computed,
+            reshape_outcomes.rejected, reshape_outcomes.thrown, reshape_outcomes.computed);
 }
 
 const dnnl::engine &engine() {
@@ -44,10 +45,11 @@ const dnnl::engine &engine() {
 }
 
 pa::data_type pick_type(FuzzedDataProvider &in, pa::data_type usual) {
-    static const pa::data_type all[] = { pa::data_type::f32,     pa::data_type::bf16,    pa::data_type::f16,
-                                         pa::data_type::f8_e4m3, pa::data_type::f8_e5m2, pa::data_type::s32,
-                                         pa::data_type::s64,     pa::data_type::u8,      pa::data_type::s8,
-                                         static_cast<pa::data_type>(77) };
+    static const pa::data_type all[] = { pa::data_type::f32,     pa::data_type::bf16,
+                                         pa::data_type::f16,     pa::data_type::f8_e4m3,
+                                         pa::data_type::f8_e5m2, pa::data_type::s32,
+                                         pa::data_type::s64,     pa::data_type::u8,
+                                         pa::data_type::s8,      static_cast<pa::data_type>(77) };
     if (in.ConsumeIntegralInRange<int>(0, 3) != 0) return usual;
     return all[in.ConsumeIntegralInRange<size_t>(0, sizeof all / sizeof all[0] - 1)];
 }
@@ -103,8 +105,9 @@ struct memory {
 template <typename T> std::vector<T> plausible(FuzzedDataProvider &in, size_t n, T lo, T hi) {
     std::vector<T> v(n);
     for (auto &x : v)
-        x = in.ConsumeIntegralInRange<int>(0, 15) == 0 ? static_cast<T>(in.ConsumeIntegralInRange<int>(-3, 100000))
-                                                         : in.ConsumeIntegralInRange<T>(lo, hi);
+        x = in.ConsumeIntegralInRange<int>(0, 15) == 0
+                    ? static_cast<T>(in.ConsumeIntegralInRange<int>(-3, 100000))
+                    : in.ConsumeIntegralInRange<T>(lo, hi);
     return v;
 }
 
@@ -123,14 +126,22 @@ pa::primitive_attr pick_attr(FuzzedDataProvider &in, bool fp8_cache) {
     }
     if (in.ConsumeBool()) attr.set_scratchpad_mode(pa::scratchpad_mode::user);
     if (in.ConsumeBool()) attr.set_fpmath_mode(pa::fpmath_mode::bf16);
-    if (in.ConsumeBool()) attr.set_max_cpu_isa(static_cast<pa::cpu_isa>(in.ConsumeIntegralInRange<int>(0, 5)));
+    if (in.ConsumeBool())
+        attr.set_max_cpu_isa(static_cast<pa::cpu_isa>(in.ConsumeIntegralInRange<int>(0, 5)));
     return attr;
 }
 
 size_t scales_count(int mask, dim nb, dim hkv, dim bs) {
-    return mask == pa::scales_per_token ? static_cast<size_t>(nb * hkv * bs)
+    return mask == pa::scales_per_token     ? static_cast<size_t>(nb * hkv * bs)
            : mask == pa::scales_per_kv_head ? static_cast<size_t>(hkv)
                                             : 1;
+}
+
+/// The scales tensor a mask asks for.
+pa::tensor_desc scales_md(int mask, dim nb, dim hkv, dim bs) {
+    const dim n = static_cast<dim>(scales_count(mask, nb, hkv, bs));
+    return mask == pa::scales_per_token ? pa::tensor_desc({ nb, hkv, bs }, pa::data_type::f32)
+                                        : pa::tensor_desc({ n }, pa::data_type::f32);
 }
 
 /// Scales: positive finite values mostly, sometimes 0, negative, inf or NaN.
@@ -139,12 +150,13 @@ std::vector<float> pick_scales(FuzzedDataProvider &in, size_t n) {
     std::vector<float> v(n);
     for (auto &x : v)
         x = in.ConsumeIntegralInRange<int>(0, 31) == 0 ? odd[in.ConsumeIntegralInRange<size_t>(0, 5)]
-                                                        : in.ConsumeFloatingPointInRange<float>(1e-3f, 4.f);
+                                                       : in.ConsumeFloatingPointInRange<float>(1e-3f, 4.f);
     return v;
 }
 
 /// Fails (aborts, so that libFuzzer keeps the input) when bytes changed although execute threw.
-void expect_unchanged(const std::vector<uint8_t> &before, const std::vector<uint8_t> &after, const char *what) {
+void expect_unchanged(const std::vector<uint8_t> &before, const std::vector<uint8_t> &after,
+                      const char *what) {
     if (before != after) {
         std::fprintf(stderr, "primitives_fuzzer: execute threw but wrote %s\n", what);
         std::abort();
@@ -156,11 +168,13 @@ void fuzz_attention(FuzzedDataProvider &in) {
     const dim hkv = in.ConsumeIntegralInRange<dim>(1, 4);
     const dim hq = hkv * in.ConsumeIntegralInRange<dim>(1, 4) + (in.ConsumeIntegralInRange<int>(0, 15) == 0);
     const dim d = head_sizes[in.ConsumeIntegralInRange<size_t>(0, 9)];
-    const dim bs = in.ConsumeBool() ? 16 * in.ConsumeIntegralInRange<dim>(1, 2) : in.ConsumeIntegralInRange<dim>(1, 9);
+    const dim bs = in.ConsumeBool() ? 16 * in.ConsumeIntegralInRange<dim>(1, 2)
+                                    : in.ConsumeIntegralInRange<dim>(1, 9);
     const dim nb = in.ConsumeIntegralInRange<dim>(1, 8);
     const pa::data_type qt = pick_type(in, in.ConsumeBool() ? pa::data_type::bf16 : pa::data_type::f32);
-    static const pa::data_type cache_types[] = { pa::data_type::bf16, pa::data_type::f8_e4m3, pa::data_type::f8_e5m2,
-                                                 pa::data_type::f16, pa::data_type::f32 };
+    static const pa::data_type cache_types[] = { pa::data_type::bf16, pa::data_type::f8_e4m3,
+                                                 pa::data_type::f8_e5m2, pa::data_type::f16,
+                                                 pa::data_type::f32 };
     const pa::data_type ct = pick_type(in, cache_types[in.ConsumeIntegralInRange<size_t>(0, 4)]);
     const pa::data_type dt = pick_type(in, in.ConsumeBool() ? qt : pa::data_type::f32);
     const pa::layout cache_layout = in.ConsumeBool() ? pa::layout::any : pa::layout::plain;
@@ -174,17 +188,20 @@ void fuzz_attention(FuzzedDataProvider &in) {
     o.soft_cap = in.ConsumeBool() ? 0.f : floats[in.ConsumeIntegralInRange<size_t>(0, 7)];
     o.alibi_slopes = in.ConsumeBool();
     o.sinks = in.ConsumeBool();
-    const pa::primitive_attr attr = pick_attr(in, ct == pa::data_type::f8_e4m3 || ct == pa::data_type::f8_e5m2);
+    const pa::primitive_attr attr =
+            pick_attr(in, ct == pa::data_type::f8_e4m3 || ct == pa::data_type::f8_e5m2);
 
     pa::paged_attention::primitive_desc pd;
     try {
         const pa::tensor_desc cache = pick_desc(in, { nb, hkv, bs, d }, ct, cache_layout);
-        const pa::tensor_desc v_cache = in.ConsumeIntegralInRange<int>(0, 7) == 0 ? pick_desc(in, { nb, hkv, bs, d }, ct, cache_layout) : cache;
+        const pa::tensor_desc v_cache = in.ConsumeIntegralInRange<int>(0, 7) == 0
+                                                ? pick_desc(in, { nb, hkv, bs, d }, ct, cache_layout)
+                                                : cache;
         pd = pa::paged_attention::primitive_desc(
                 engine(),
-                pa::paged_attention::desc(pick_desc(in, { pa::runtime_dim, hq, d }, qt, pa::layout::plain), cache,
-                                          v_cache, pick_desc(in, { pa::runtime_dim, hq, d }, dt, pa::layout::plain),
-                                          o),
+                pa::paged_attention::desc(
+                        pick_desc(in, { pa::runtime_dim, hq, d }, qt, pa::layout::plain), cache, v_cache,
+                        pick_desc(in, { pa::runtime_dim, hq, d }, dt, pa::layout::plain), o),
                 attr, in.ConsumeBool());
         for (int skip = in.ConsumeIntegralInRange<int>(0, 4); skip > 0 && pd.next_impl(); --skip) {
         }
@@ -208,10 +225,13 @@ void fuzz_attention(FuzzedDataProvider &in) {
     for (dim i = 0; i < s; ++i) {
         const int32_t q_len = in.ConsumeIntegralInRange<int32_t>(0, 6);
         starts.push_back(starts.back() + q_len);
-        lens.push_back(in.ConsumeIntegralInRange<int32_t>(q_len, std::max(q_len, static_cast<int32_t>(nb * bs + 2))));
+        lens.push_back(in.ConsumeIntegralInRange<int32_t>(
+                q_len, std::max(q_len, static_cast<int32_t>(nb * bs + 2))));
     }
-    if (in.ConsumeIntegralInRange<int>(0, 15) == 0 && !lens.empty()) lens[0] = in.ConsumeIntegralInRange<int32_t>(-3, 5);
-    if (in.ConsumeIntegralInRange<int>(0, 15) == 0 && starts.size() > 1) starts[1] = in.ConsumeIntegralInRange<int32_t>(-3, 20);
+    if (in.ConsumeIntegralInRange<int>(0, 15) == 0 && !lens.empty())
+        lens[0] = in.ConsumeIntegralInRange<int32_t>(-3, 5);
+    if (in.ConsumeIntegralInRange<int>(0, 15) == 0 && starts.size() > 1)
+        starts[1] = in.ConsumeIntegralInRange<int32_t>(-3, 20);
     const dim t = starts.back() + (in.ConsumeIntegralInRange<int>(0, 15) == 0);
     const dim width = in.ConsumeIntegralInRange<dim>(1, nb + 1);
     std::vector<int32_t> table = plausible<int32_t>(in, static_cast<size_t>(std::max<dim>(s, 1) * width), 0,
@@ -223,12 +243,8 @@ void fuzz_attention(FuzzedDataProvider &in) {
     const int k_mask = attr.get_scales_mask(pa::ARG_K_CACHE), v_mask = attr.get_scales_mask(pa::ARG_V_CACHE);
     std::vector<float> k_scales = pick_scales(in, scales_count(k_mask, nb, hkv, bs)),
                        v_scales = pick_scales(in, scales_count(v_mask, nb, hkv, bs));
-    std::vector<float> slopes = pick_scales(in, static_cast<size_t>(hq)), sinks = pick_scales(in, static_cast<size_t>(hq));
-    auto scales_md = [&](int mask) {
-        return mask == pa::scales_per_token ? pa::tensor_desc({ nb, hkv, bs }, pa::data_type::f32)
-               : mask == pa::scales_per_kv_head ? pa::tensor_desc({ hkv }, pa::data_type::f32)
-                                                : pa::tensor_desc({ 1 }, pa::data_type::f32);
-    };
+    std::vector<float> slopes = pick_scales(in, static_cast<size_t>(hq)),
+                       sinks = pick_scales(in, static_cast<size_t>(hq));
 
     pa::exec_args args {
         { pa::ARG_QUERY, pa::tensor(q_md, query.data()) },
@@ -237,25 +253,29 @@ void fuzz_attention(FuzzedDataProvider &in) {
         { pa::ARG_BLOCK_TABLE, pa::tensor(pa::tensor_desc({ s, width }, pa::data_type::s32), table.data()) },
         { pa::ARG_SEQ_LENS, pa::tensor(pa::tensor_desc({ s }, pa::data_type::s32), lens.data()) },
         { pa::ARG_QUERY_START_LOC,
-          pa::tensor(pa::tensor_desc({ static_cast<dim>(starts.size()) }, pa::data_type::s32), starts.data()) },
+          pa::tensor(pa::tensor_desc({ static_cast<dim>(starts.size()) }, pa::data_type::s32),
+                     starts.data()) },
         { pa::ARG_DST, pa::tensor(dst_md, dst.data()) },
     };
-    if (k_mask != -1) args[pa::ARG_K_SCALES] = pa::tensor(scales_md(k_mask), k_scales.data());
-    if (v_mask != -1) args[pa::ARG_V_SCALES] = pa::tensor(scales_md(v_mask), v_scales.data());
-    if (o.alibi_slopes) args[pa::ARG_ALIBI_SLOPES] = pa::tensor(pa::tensor_desc({ hq }, pa::data_type::f32), slopes.data());
+    if (k_mask != -1) args[pa::ARG_K_SCALES] = pa::tensor(scales_md(k_mask, nb, hkv, bs), k_scales.data());
+    if (v_mask != -1) args[pa::ARG_V_SCALES] = pa::tensor(scales_md(v_mask, nb, hkv, bs), v_scales.data());
+    if (o.alibi_slopes)
+        args[pa::ARG_ALIBI_SLOPES] = pa::tensor(pa::tensor_desc({ hq }, pa::data_type::f32), slopes.data());
     if (o.sinks) args[pa::ARG_SINKS] = pa::tensor(pa::tensor_desc({ hq }, pa::data_type::f32), sinks.data());
     std::vector<uint8_t> scratch;
     if (attr.get_scratchpad_mode() == pa::scratchpad_mode::user) {
         scratch.resize(pd.scratchpad_desc().get_size() + (in.ConsumeBool() ? 0 : 64));
         if (in.ConsumeIntegralInRange<int>(0, 7) == 0 && !scratch.empty()) scratch.resize(scratch.size() / 2);
-        args[pa::ARG_SCRATCHPAD] =
-                pa::tensor(pa::tensor_desc({ static_cast<dim>(scratch.size()) }, pa::data_type::u8), scratch.data());
+        args[pa::ARG_SCRATCHPAD] = pa::tensor(
+                pa::tensor_desc({ static_cast<dim>(scratch.size()) }, pa::data_type::u8), scratch.data());
     }
     switch (in.ConsumeIntegralInRange<int>(0, 15)) { // an argument dropped or one that does not belong
         case 0: args.erase(pa::ARG_BLOCK_TABLE); break;
         case 1: args[pa::ARG_SLOT_MAPPING] = args[pa::ARG_SEQ_LENS]; break;
         case 2: args[4096] = args[pa::ARG_SEQ_LENS]; break;
-        case 3: args[pa::ARG_QUERY] = pa::tensor(pa::tensor_desc({ t, hq, d }, pa::data_type::s32), query.data()); break;
+        case 3:
+            args[pa::ARG_QUERY] = pa::tensor(pa::tensor_desc({ t, hq, d }, pa::data_type::s32), query.data());
+            break;
         default: break;
     }
     pa::paged_attention::plan plan;
@@ -289,16 +309,20 @@ void fuzz_reshape(FuzzedDataProvider &in) {
     const dim bs = in.ConsumeBool() ? 16 : in.ConsumeIntegralInRange<dim>(1, 9);
     const dim nb = in.ConsumeIntegralInRange<dim>(1, 6);
     const pa::data_type in_t = pick_type(in, in.ConsumeBool() ? pa::data_type::bf16 : pa::data_type::f32);
-    static const pa::data_type cache_types[] = { pa::data_type::bf16, pa::data_type::f8_e4m3, pa::data_type::f8_e5m2,
-                                                 pa::data_type::f16, pa::data_type::f32 };
+    static const pa::data_type cache_types[] = { pa::data_type::bf16, pa::data_type::f8_e4m3,
+                                                 pa::data_type::f8_e5m2, pa::data_type::f16,
+                                                 pa::data_type::f32 };
     const pa::data_type ct = pick_type(in, cache_types[in.ConsumeIntegralInRange<size_t>(0, 4)]);
-    const pa::primitive_attr attr = pick_attr(in, ct == pa::data_type::f8_e4m3 || ct == pa::data_type::f8_e5m2);
+    const pa::primitive_attr attr =
+            pick_attr(in, ct == pa::data_type::f8_e4m3 || ct == pa::data_type::f8_e5m2);
     pa::reshape_and_cache::primitive_desc pd;
     pa::reshape_and_cache prim;
     try {
         const pa::tensor_desc kv = pick_desc(in, { pa::runtime_dim, hkv, d }, in_t, pa::layout::plain);
-        const pa::tensor_desc cache = pick_desc(in, { nb, hkv, bs, d }, ct, in.ConsumeBool() ? pa::layout::any : pa::layout::plain);
-        pd = pa::reshape_and_cache::primitive_desc(engine(), pa::reshape_and_cache::desc(kv, kv, cache, cache), attr);
+        const pa::tensor_desc cache =
+                pick_desc(in, { nb, hkv, bs, d }, ct, in.ConsumeBool() ? pa::layout::any : pa::layout::plain);
+        pd = pa::reshape_and_cache::primitive_desc(engine(),
+                                                   pa::reshape_and_cache::desc(kv, kv, cache, cache), attr);
         for (int skip = in.ConsumeIntegralInRange<int>(0, 3); skip > 0 && pd.next_impl(); --skip) {
         }
         prim = pa::reshape_and_cache(pd);
@@ -316,31 +340,30 @@ void fuzz_reshape(FuzzedDataProvider &in) {
     const int k_mask = attr.get_scales_mask(pa::ARG_K_CACHE), v_mask = attr.get_scales_mask(pa::ARG_V_CACHE);
     std::vector<float> k_scales = pick_scales(in, scales_count(k_mask, nb, hkv, bs)),
                        v_scales = pick_scales(in, scales_count(v_mask, nb, hkv, bs));
-    auto scales_md = [&](int mask) {
-        return mask == pa::scales_per_token ? pa::tensor_desc({ nb, hkv, bs }, pa::data_type::f32)
-               : mask == pa::scales_per_kv_head ? pa::tensor_desc({ hkv }, pa::data_type::f32)
-                                                : pa::tensor_desc({ 1 }, pa::data_type::f32);
-    };
     pa::exec_args args {
         { pa::ARG_KEY, pa::tensor(kv_md, key.data()) },
         { pa::ARG_VALUE, pa::tensor(kv_md, value.data()) },
         { pa::ARG_K_CACHE, pa::tensor(k_md, k.data()) },
         { pa::ARG_V_CACHE, pa::tensor(v_md, v.data()) },
-        { pa::ARG_SLOT_MAPPING, s64 ? pa::tensor(pa::tensor_desc({ t }, pa::data_type::s64), slots64.data())
-                                    : pa::tensor(pa::tensor_desc({ t }, pa::data_type::s32), slots32.data()) },
+        { pa::ARG_SLOT_MAPPING,
+          s64 ? pa::tensor(pa::tensor_desc({ t }, pa::data_type::s64), slots64.data())
+              : pa::tensor(pa::tensor_desc({ t }, pa::data_type::s32), slots32.data()) },
     };
-    if (k_mask != -1) args[pa::ARG_K_SCALES] = pa::tensor(scales_md(k_mask), k_scales.data());
-    if (v_mask != -1) args[pa::ARG_V_SCALES] = pa::tensor(scales_md(v_mask), v_scales.data());
+    if (k_mask != -1) args[pa::ARG_K_SCALES] = pa::tensor(scales_md(k_mask, nb, hkv, bs), k_scales.data());
+    if (v_mask != -1) args[pa::ARG_V_SCALES] = pa::tensor(scales_md(v_mask, nb, hkv, bs), v_scales.data());
     std::vector<uint8_t> scratch;
     if (attr.get_scratchpad_mode() == pa::scratchpad_mode::user) {
         scratch.resize(pd.scratchpad_desc().get_size());
-        args[pa::ARG_SCRATCHPAD] =
-                pa::tensor(pa::tensor_desc({ static_cast<dim>(scratch.size()) }, pa::data_type::u8), scratch.data());
+        args[pa::ARG_SCRATCHPAD] = pa::tensor(
+                pa::tensor_desc({ static_cast<dim>(scratch.size()) }, pa::data_type::u8), scratch.data());
     }
     switch (in.ConsumeIntegralInRange<int>(0, 15)) {
         case 0: args.erase(pa::ARG_SLOT_MAPPING); break;
         case 1: args[pa::ARG_QUERY] = args[pa::ARG_KEY]; break;
-        case 2: args[pa::ARG_VALUE] = pa::tensor(pa::tensor_desc({ t + 1, hkv, d }, kv_md.get_data_type()), value.data()); break;
+        case 2:
+            args[pa::ARG_VALUE] =
+                    pa::tensor(pa::tensor_desc({ t + 1, hkv, d }, kv_md.get_data_type()), value.data());
+            break;
         default: break;
     }
     const std::vector<uint8_t> k_before = k.bytes, v_before = v.bytes;
