@@ -942,7 +942,9 @@ TEST(packed_layout, ftz_and_daz_in_mxcsr_change_nothing_beyond_rounding) {
         const std::vector<std::string> names = attend_every_impl(s, pc, ks, vs, ref);
         const unsigned after = _mm_getcsr();
         _mm_setcsr(saved);
-        EXPECT_EQ(after, saved | 0x8040u) << "the library changed the caller's MXCSR";
+        // Control bits only: the exception flags (bits 0-5) are sticky and set by any inexact
+        // result the calling thread computes, which depends on how TBB shared the work out.
+        EXPECT_EQ(after & ~0x3Fu, (saved | 0x8040u) & ~0x3Fu) << "the library changed the caller's MXCSR";
         EXPECT_EQ(names.back(), "ref:any");
     }
 #else
