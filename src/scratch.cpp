@@ -2,7 +2,9 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <mutex>
 #include <new>
+#include <vector>
 
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/task_arena.h>
@@ -16,14 +18,15 @@ namespace {
 size_t round_up(size_t bytes) {
     return (bytes + 63) / 64 * 64;
 }
+} // namespace
 
-struct aligned_buffer {
+struct library_scratch::buffer {
     char *data = nullptr;
     size_t size = 0;
-    aligned_buffer() = default;
-    aligned_buffer(const aligned_buffer &) = delete;
-    aligned_buffer &operator=(const aligned_buffer &) = delete;
-    ~aligned_buffer() { std::free(data); }
+    buffer() = default;
+    buffer(const buffer &) = delete;
+    buffer &operator=(const buffer &) = delete;
+    ~buffer() { std::free(data); }
     char *reserve(size_t bytes) {
         if (bytes <= size) return data;
         std::free(data);
@@ -33,11 +36,12 @@ struct aligned_buffer {
         return data;
     }
 };
-} // namespace
 
 struct library_scratch::buffers {
     size_t bytes;
-    tbb::enumerable_thread_specific<aligned_buffer> per_thread, shared;
+    tbb::enumerable_thread_specific<buffer> per_thread;
+    std::mutex mutex; // guards idle_shared
+    std::vector<std::unique_ptr<buffer>> idle_shared;
 };
 
 library_scratch::library_scratch(size_t bytes_per_thread) : buffers_(new buffers) {
@@ -50,8 +54,33 @@ char *library_scratch::local() {
     return buffers_->bytes ? buffers_->per_thread.local().reserve(buffers_->bytes) : nullptr;
 }
 
-char *library_scratch::shared(size_t bytes) {
-    return bytes ? buffers_->shared.local().reserve(bytes) : nullptr;
+library_scratch::shared_region library_scratch::take_shared(size_t bytes) {
+    if (!bytes) return {};
+    std::unique_ptr<buffer> taken;
+    {
+        const std::lock_guard<std::mutex> lock(buffers_->mutex);
+        if (!buffers_->idle_shared.empty()) {
+            taken = std::move(buffers_->idle_shared.back());
+            buffers_->idle_shared.pop_back();
+        }
+    }
+    if (!taken) taken = std::make_unique<buffer>();
+    taken->reserve(bytes); // may throw: `taken` is freed, not lost
+    return shared_region(this, taken.release());
+}
+
+library_scratch::shared_region::~shared_region() {
+    if (!taken_) return;
+    std::unique_ptr<buffer> back(taken_);
+    const std::lock_guard<std::mutex> lock(owner_->buffers_->mutex);
+    try {
+        owner_->buffers_->idle_shared.push_back(std::move(back));
+    } catch (...) { // no room to keep it: freed
+    }
+}
+
+char *library_scratch::shared_region::data() const {
+    return taken_ ? taken_->data : nullptr;
 }
 
 size_t user_scratchpad_bytes(size_t bytes_per_thread, int slots, size_t shared_bytes) {

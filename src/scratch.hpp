@@ -11,15 +11,36 @@
 namespace pagedattn {
 namespace detail {
 
-/// Buffers a primitive owns: per OS thread, allocated on first use and reused. The shared region
-/// of an execute belongs to the thread that called execute, so concurrent executes never share.
+/// Buffers a primitive owns, allocated on first use and reused: one per OS thread for the task
+/// bodies (which never wait, so one thread runs one at a time), and a pool of shared regions, one
+/// taken by each execute for its duration. The shared region is not the calling thread's: while
+/// it waits inside one execute's loop, TBB may run another execute on the same thread.
 class library_scratch {
 public:
+    struct buffer;
+    /// A shared region taken from the pool; back to the pool when destroyed.
+    class shared_region {
+    public:
+        shared_region() = default;
+        shared_region(library_scratch *owner, buffer *taken) : owner_(owner), taken_(taken) {}
+        shared_region(shared_region &&other) noexcept : owner_(other.owner_), taken_(other.taken_) {
+            other.taken_ = nullptr;
+        }
+        shared_region &operator=(shared_region &&) = delete;
+        ~shared_region();
+        char *data() const;
+
+    private:
+        library_scratch *owner_ = nullptr;
+        buffer *taken_ = nullptr;
+    };
+
     explicit library_scratch(size_t bytes_per_thread);
     ~library_scratch();
+    /// The calling thread's region for one task body.
     char *local();
-    /// The calling thread's shared region, grown to `bytes` if needed.
-    char *shared(size_t bytes);
+    /// A region of `bytes` (none for 0) that no other execute uses while it lives.
+    shared_region take_shared(size_t bytes);
 
 private:
     struct buffers;
@@ -34,7 +55,7 @@ class thread_scratch {
 public:
     /// Library mode.
     thread_scratch(library_scratch *library, size_t shared_bytes)
-        : library_(library), shared_(library->shared(shared_bytes)) {}
+        : library_(library), region_(library->take_shared(shared_bytes)), shared_(region_.data()) {}
     /// User mode: `base` holds `size` bytes, at least user_scratchpad_bytes(bytes_per_thread,
     /// slots, shared_capacity). Throws when it is smaller or when the calling arena has more
     /// threads than slots.
@@ -47,6 +68,7 @@ public:
 
 private:
     library_scratch *library_ = nullptr;
+    library_scratch::shared_region region_;
     char *base_ = nullptr;
     size_t stride_ = 0;
     char *shared_ = nullptr;
