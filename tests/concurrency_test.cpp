@@ -2,13 +2,16 @@
 // from several threads at once on different data). 8 std::threads, each with its own query, caches,
 // block table, dst (and, in scratchpad_mode::user, its own scratchpad), run one primitive at the
 // same time; every result must equal, bit for bit, what a serial execute of the same inputs gives.
-// Every implementation of the walk, both scratchpad modes, several rounds; the same for
-// reshape_and_cache writing disjoint caches.
+// Every implementation of the walk, both scratchpad modes, several rounds (alternately from the
+// std::threads and from inside one tbb::task_arena; half the workers pass one shared plan); the
+// same for reshape_and_cache writing disjoint caches. The tsan leg of scripts/run_tests.sh runs
+// this file under ThreadSanitizer.
 #include <atomic>
 #include <thread>
 
 #include <oneapi/tbb/task_arena.h>
 
+#include "tbb_calls.hpp"
 #include "test_util.hpp"
 
 namespace {
@@ -19,22 +22,58 @@ using oracle::scales;
 constexpr int workers = 8;
 
 int rounds() {
-    return reduced() ? 2 : 3;
+    return 3; // one per launch
 }
 
-/// Starts `workers` threads that wait for each other, then run body(w); returns the exception
-/// messages (empty strings when none was thrown).
-template <typename Body> std::vector<std::string> run_concurrently(const Body &body) {
+/// How the workers call execute:
+/// - threads: straight from their std::threads;
+/// - arena: from inside one tbb::task_arena that all the std::threads enter (of the default
+///   arena's concurrency, so that a plan chosen inside it is the serial executes' one); with more
+///   workers than slots, a worker's execute runs on another thread of the arena;
+/// - tbb_tasks: as the tasks of one tbb::parallel_for, as an engine may call execute; a thread that
+///   waits inside one execute's loop may then run another worker's whole execute.
+enum class launch { threads, arena, tbb_tasks };
+const char *name_of(launch l) {
+    switch (l) {
+        case launch::threads: return "from std::threads";
+        case launch::arena: return "inside one tbb::task_arena";
+        case launch::tbb_tasks: return "as tbb::parallel_for tasks";
+    }
+    return "?";
+}
+/// Round r launches this way (every case sees each).
+launch launch_of_round(int round) {
+    return static_cast<launch>(round % 3);
+}
+
+/// Runs body(w) for each worker w, launched `how` (the std::threads wait for each other, to
+/// overlap as much as possible); returns the exception messages (empty strings when none was
+/// thrown).
+template <typename Body> std::vector<std::string> run_concurrently(launch how, const Body &body) {
     std::vector<std::string> errors(workers);
+    if (how == launch::tbb_tasks) {
+        for_each_task(workers, [&](int w) {
+            try {
+                body(w);
+            } catch (const std::exception &e) {
+                errors[static_cast<size_t>(w)] = e.what();
+            }
+        });
+        return errors;
+    }
     std::atomic<int> ready { 0 };
+    tbb::task_arena arena(tbb::this_task_arena::max_concurrency());
     std::vector<std::thread> threads;
     for (int w = 0; w < workers; ++w)
         threads.emplace_back([&, w] {
             try {
                 ready.fetch_add(1);
                 while (ready.load() < workers)
-                    std::this_thread::yield(); // start together, to overlap as much as possible
-                body(w);
+                    std::this_thread::yield();
+                if (how == launch::arena)
+                    execute_in(arena, [&] { body(w); });
+                else
+                    body(w);
             } catch (const std::exception &e) {
                 errors[static_cast<size_t>(w)] = e.what();
             }
@@ -186,6 +225,14 @@ TEST_P(concurrent_attention, equals_serial_bit_for_bit) {
         do {
             SCOPED_TRACE(std::string("impl ") + pd.impl_info_str());
             const pa::paged_attention prim(pd);
+            // One plan, shared by the odd workers' concurrent executes (the even ones plan for
+            // themselves): every worker has the same seq lens.
+            const pa::paged_attention::plan plan(
+                    pd,
+                    pa::tensor(pa::tensor_desc({ setups[0].b.num_seqs }, pa::data_type::s32),
+                               setups[0].b.seq_lens.data()),
+                    pa::tensor(pa::tensor_desc({ setups[0].b.num_seqs + 1 }, pa::data_type::s32),
+                               setups[0].b.query_start_loc.data()));
             const size_t scratch_bytes = pd.scratchpad_desc().get_size();
             if (user) {
                 EXPECT_GT(scratch_bytes, 0u);
@@ -195,7 +242,7 @@ TEST_P(concurrent_attention, equals_serial_bit_for_bit) {
             std::vector<buffer> scratch;
             for (int w = 0; w < workers; ++w)
                 scratch.emplace_back(scratch_bytes); // 0xFF-filled: stale scratch would show
-            const auto args = [&](int w, void *dst) {
+            const auto args = [&](int w, void *dst, bool with_plan) {
                 pa::exec_args a =
                         setups[static_cast<size_t>(w)].args(setups[static_cast<size_t>(w)].q.data(), dst);
                 if (packed) {
@@ -212,6 +259,7 @@ TEST_P(concurrent_attention, equals_serial_bit_for_bit) {
                     a[pa::ARG_SCRATCHPAD] = pa::tensor(
                             pa::tensor_desc({ static_cast<int64_t>(scratch_bytes) }, pa::data_type::u8),
                             scratch[static_cast<size_t>(w)].data());
+                if (with_plan) a[pa::ARG_PLAN] = plan.as_tensor();
                 return a;
             };
 
@@ -220,7 +268,7 @@ TEST_P(concurrent_attention, equals_serial_bit_for_bit) {
             dnnl::stream st = make_stream();
             for (int w = 0; w < workers; ++w) {
                 serial.emplace_back(dst_bytes);
-                prim.execute(st, args(w, serial.back().data()));
+                prim.execute(st, args(w, serial.back().data(), false));
                 st.wait();
             }
             // The serial results are right (worker 0 against the oracle) and differ between workers.
@@ -229,15 +277,16 @@ TEST_P(concurrent_attention, equals_serial_bit_for_bit) {
             EXPECT_NE(std::memcmp(serial[0].data(), serial[1].data(), dst_bytes), 0) << "workers share data";
 
             for (int round = 0; round < rounds(); ++round) {
-                SCOPED_TRACE("round " + std::to_string(round));
+                const launch how = launch_of_round(round);
+                SCOPED_TRACE("round " + std::to_string(round) + ", " + name_of(how));
                 std::vector<buffer> out;
                 for (int w = 0; w < workers; ++w)
                     out.emplace_back(dst_bytes);
-                const std::vector<std::string> errors = run_concurrently([&](int w) {
+                const std::vector<std::string> errors = run_concurrently(how, [&](int w) {
                     dnnl::stream s = make_stream();
                     // Twice, so that one worker's second execute overlaps others' first ones.
                     for (int rep = 0; rep < 2; ++rep) {
-                        prim.execute(s, args(w, out[static_cast<size_t>(w)].data()));
+                        prim.execute(s, args(w, out[static_cast<size_t>(w)].data(), w % 2 == 1));
                         s.wait();
                     }
                 });
@@ -261,6 +310,77 @@ TEST_P(concurrent_attention, equals_serial_bit_for_bit) {
 
 INSTANTIATE_TEST_SUITE_P(batches, concurrent_attention, ::testing::ValuesIn(attention_cases()),
                          [](const ::testing::TestParamInfo<attention_case> &i) { return i.param.name(); });
+
+// Executes in library scratchpad mode on a case whose plan splits KV ranges (the partial results
+// live in scratch shared by the execute's tasks), launched two ways that make TBB run two
+// executes nested on one thread: std::threads entering a 2-thread arena (a thread waiting inside
+// one execute's loop runs another thread's delegated execute meanwhile) and the tasks of one
+// tbb::parallel_for in that arena. Their scratch must still be apart. Many executes, as the
+// nesting depends on how TBB steals; the serial executes run in the same arena, so that all plan
+// for its 2 threads.
+TEST(nested_executes, on_one_thread_keep_their_scratch_apart) {
+    const attn_case base = attention_cases()[1].c;
+    ASSERT_EQ(base.tag.rfind("split", 0), 0u);
+    std::vector<attn_setup> setups;
+    for (int w = 0; w < workers; ++w) {
+        attn_case c = base;
+        c.tag += "_w" + std::to_string(w);
+        setups.push_back(build_setup(c));
+    }
+    tbb::task_arena arena(2);
+    pa::paged_attention::primitive_desc pd(engine(), setups[0].desc(), setups[0].attr());
+    const size_t dst_bytes = setups[0].make_dst().size();
+    constexpr int executes = 32; // per launch and repeat; execute e computes worker e % 8's inputs
+    const int repeats = reduced() ? 2 : 4;
+    do {
+        SCOPED_TRACE(std::string("impl ") + pd.impl_info_str());
+        const pa::paged_attention prim(pd);
+        const auto run = [&](int e, void *dst) {
+            const attn_setup &s = setups[static_cast<size_t>(e % workers)];
+            dnnl::stream st = make_stream();
+            prim.execute(st, s.args(s.q.data(), dst));
+        };
+        std::vector<buffer> serial;
+        for (int w = 0; w < workers; ++w) {
+            serial.emplace_back(dst_bytes);
+            execute_in(arena, [&] { run(w, serial.back().data()); });
+        }
+        for (const bool as_tasks : { false, true }) {
+            SCOPED_TRACE(as_tasks ? "tbb::parallel_for tasks in the arena" : "std::threads into the arena");
+            int wrong = 0;
+            std::vector<std::string> errors(executes);
+            for (int repeat = 0; repeat < repeats; ++repeat) {
+                std::vector<buffer> out;
+                for (int e = 0; e < executes; ++e)
+                    out.emplace_back(dst_bytes);
+                const auto body = [&](int e) {
+                    try {
+                        run(e, out[static_cast<size_t>(e)].data());
+                    } catch (const std::exception &x) {
+                        errors[static_cast<size_t>(e)] = x.what();
+                    }
+                };
+                if (as_tasks) {
+                    execute_in(arena, [&] { for_each_task(executes, body); });
+                } else {
+                    std::vector<std::thread> threads;
+                    for (int e = 0; e < executes; ++e)
+                        threads.emplace_back([&, e] { execute_in(arena, [&] { body(e); }); });
+                    for (auto &t : threads)
+                        t.join();
+                }
+                for (int e = 0; e < executes; ++e)
+                    if (std::memcmp(out[static_cast<size_t>(e)].data(),
+                                    serial[static_cast<size_t>(e % workers)].data(), dst_bytes) != 0)
+                        ++wrong;
+            }
+            for (const std::string &x : errors)
+                EXPECT_EQ(x, "");
+            EXPECT_EQ(wrong, 0) << "of " << executes * repeats << " executes, " << wrong
+                                << " differ from the serial ones";
+        }
+    } while (pd.next_impl());
+}
 
 // ---------------------------------------------------------------------------------------------
 // reshape_and_cache
@@ -380,11 +500,12 @@ TEST_P(concurrent_reshape, equals_serial_bit_for_bit) {
         EXPECT_NE(std::memcmp(serial[0].v_cache.data(), untouched.data(), cache_bytes), 0);
 
         for (int round = 0; round < rounds(); ++round) {
-            SCOPED_TRACE("round " + std::to_string(round));
+            const launch how = launch_of_round(round);
+            SCOPED_TRACE("round " + std::to_string(round) + ", " + name_of(how));
             std::vector<reshape_work> out(workers);
             for (int w = 0; w < workers; ++w)
                 fresh(out[static_cast<size_t>(w)]);
-            const std::vector<std::string> errors = run_concurrently([&](int w) {
+            const std::vector<std::string> errors = run_concurrently(how, [&](int w) {
                 dnnl::stream s = make_stream();
                 for (int rep = 0; rep < 2; ++rep) { // idempotent: the same tokens to the same slots
                     prim.execute(s, args(inputs[static_cast<size_t>(w)], out[static_cast<size_t>(w)]));

@@ -9,11 +9,10 @@
 #include "src/arguments.hpp"
 #include "src/cache_desc.hpp"
 #include "src/fp8.hpp"
+#include "src/parallel.hpp"
 #include "src/primitive_desc_state.hpp"
 
 #include <limits>
-#include <tbb/blocked_range.h>
-#include <tbb/parallel_for.h>
 
 namespace pagedattn {
 namespace detail {
@@ -152,21 +151,18 @@ void run_plan(const paged_attention_problem &p, const paged_attention_arguments 
               const paged_attention_implementation &impl, const thread_scratch &scratch) {
     float *partials = reinterpret_cast<float *>(scratch.shared());
     const size_t stride = partial_floats(p);
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, plan.items.size()),
-                      [&](const tbb::blocked_range<size_t> &range) {
-                          float *buffer = reinterpret_cast<float *>(scratch.get());
-                          for (size_t i = range.begin(); i != range.end(); ++i) {
-                              const work_item &item = plan.items[i];
-                              impl.run_item(p, a, item, buffer,
-                                            item.partial < 0 ? nullptr : partials + item.partial * stride);
-                          }
-                      });
+    parallel_for<size_t>(0, plan.items.size(), 1, [&](size_t first, size_t last) {
+        float *buffer = reinterpret_cast<float *>(scratch.get());
+        for (size_t i = first; i != last; ++i) {
+            const work_item &item = plan.items[i];
+            impl.run_item(p, a, item, buffer, item.partial < 0 ? nullptr : partials + item.partial * stride);
+        }
+    });
     if (plan.groups.empty()) return;
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, plan.groups.size()),
-                      [&](const tbb::blocked_range<size_t> &range) {
-                          for (size_t i = range.begin(); i != range.end(); ++i)
-                              merge_group(p, a, plan.groups[i], partials);
-                      });
+    parallel_for<size_t>(0, plan.groups.size(), 1, [&](size_t first, size_t last) {
+        for (size_t i = first; i != last; ++i)
+            merge_group(p, a, plan.groups[i], partials);
+    });
 }
 
 // Query start loc and seq lens of a step: shapes, types, and the values' rules. Returns S.

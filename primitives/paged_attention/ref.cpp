@@ -7,8 +7,6 @@
 #include <limits>
 #include <vector>
 
-#include <tbb/blocked_range.h>
-#include <tbb/parallel_for.h>
 
 #include "paged_attention_internal.hpp"
 #include "plan.hpp"

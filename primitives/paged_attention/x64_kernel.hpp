@@ -26,8 +26,6 @@
 #include <string>
 #include <vector>
 
-#include <tbb/blocked_range.h>
-#include <tbb/parallel_for.h>
 
 #include "paged_attention_internal.hpp"
 #include "plan.hpp"

@@ -4,12 +4,10 @@
 #include <cmath>
 #include <vector>
 
-#include <tbb/blocked_range.h>
-#include <tbb/parallel_for.h>
-
 #include "reshape_and_cache_internal.hpp"
 #include "src/cache_layout.hpp"
 #include "src/fp8.hpp"
+#include "src/parallel.hpp"
 
 namespace pagedattn {
 namespace detail {
@@ -55,29 +53,28 @@ void store_row(const float *row, dim n, const tensor_desc &cache, bool is_value,
 
 void execute(const reshape_and_cache_problem &p, const reshape_and_cache_arguments &a) {
     const dim d = p.head_size;
-    tbb::parallel_for(tbb::blocked_range<dim>(0, a.num_tokens, 16),
-                      [&](const tbb::blocked_range<dim> &range) {
-                          std::vector<float> row(static_cast<size_t>(d));
-                          for (dim t = range.begin(); t != range.end(); ++t) {
-                              const dim slot = a.slots64 ? a.slots64[t] : a.slots32[t];
-                              if (slot < 0 || (a.superseded && a.superseded[t])) continue;
-                              const dim block = slot / p.block_size, offset = slot % p.block_size;
-                              for (dim h = 0; h < p.kv_heads; ++h) {
-                                  const char *k = static_cast<const char *>(a.key) +
-                                                  (t * a.key_token_stride + h * a.key_head_stride) *
-                                                          static_cast<dim>(data_type_size(p.key_type));
-                                  convert_row_to_f32(k, p.key_type, d, 1.f, row.data());
-                                  store_row(row.data(), d, p.k_cache, false, a.k_cache, a.k_scales,
-                                            p.k_scales_mask, block, h, offset, p.kv_heads, p.block_size);
-                                  const char *v = static_cast<const char *>(a.value) +
-                                                  (t * a.value_token_stride + h * a.value_head_stride) *
-                                                          static_cast<dim>(data_type_size(p.value_type));
-                                  convert_row_to_f32(v, p.value_type, d, 1.f, row.data());
-                                  store_row(row.data(), d, p.v_cache, true, a.v_cache, a.v_scales,
-                                            p.v_scales_mask, block, h, offset, p.kv_heads, p.block_size);
-                              }
-                          }
-                      });
+    parallel_for<dim>(0, a.num_tokens, 16, [&](dim first, dim last) {
+        std::vector<float> row(static_cast<size_t>(d));
+        for (dim t = first; t != last; ++t) {
+            const dim slot = a.slots64 ? a.slots64[t] : a.slots32[t];
+            if (slot < 0 || (a.superseded && a.superseded[t])) continue;
+            const dim block = slot / p.block_size, offset = slot % p.block_size;
+            for (dim h = 0; h < p.kv_heads; ++h) {
+                const char *k = static_cast<const char *>(a.key) +
+                                (t * a.key_token_stride + h * a.key_head_stride) *
+                                        static_cast<dim>(data_type_size(p.key_type));
+                convert_row_to_f32(k, p.key_type, d, 1.f, row.data());
+                store_row(row.data(), d, p.k_cache, false, a.k_cache, a.k_scales, p.k_scales_mask, block, h,
+                          offset, p.kv_heads, p.block_size);
+                const char *v = static_cast<const char *>(a.value) +
+                                (t * a.value_token_stride + h * a.value_head_stride) *
+                                        static_cast<dim>(data_type_size(p.value_type));
+                convert_row_to_f32(v, p.value_type, d, 1.f, row.data());
+                store_row(row.data(), d, p.v_cache, true, a.v_cache, a.v_scales, p.v_scales_mask, block, h,
+                          offset, p.kv_heads, p.block_size);
+            }
+        }
+    });
 }
 
 } // namespace

@@ -27,8 +27,6 @@
 #include <cstring>
 #include <string>
 
-#include <tbb/blocked_range.h>
-#include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
 #include "reshape_and_cache_internal.hpp"
@@ -36,6 +34,7 @@
 #include "src/cache_layout.hpp"
 #include "src/error.hpp"
 #include "src/fp8.hpp"
+#include "src/parallel.hpp"
 #include "src/x64/f32_vectors.hpp"
 
 namespace pagedattn {
@@ -741,10 +740,10 @@ template <typename V> void execute(const reshape_and_cache_problem &p, const res
     if (spans == 0) return;
     const dim head_parts = std::min(heads, std::max<dim>(1, 2 * concurrency / spans));
     const dim heads_per_part = (heads + head_parts - 1) / head_parts;
-    tbb::parallel_for(tbb::blocked_range<dim>(0, spans * head_parts), [&](const tbb::blocked_range<dim> &r) {
+    parallel_for<dim>(0, spans * head_parts, 1, [&](dim first_task, dim last_task) {
         alignas(64) float row[max_head_size];
         alignas(64) unsigned char group_rows[packed_group * max_head_size * sizeof(float)];
-        for (dim i = r.begin(); i != r.end(); ++i) {
+        for (dim i = first_task; i != last_task; ++i) {
             const dim h0 = i % head_parts * heads_per_part, h1 = std::min(heads, h0 + heads_per_part);
             const dim first = i / head_parts * span, last = std::min(a.num_tokens, first + span);
             for (dim t = first; t < last;) {
