@@ -7,7 +7,6 @@
 #include <limits>
 #include <vector>
 
-
 #include "paged_attention_internal.hpp"
 #include "plan.hpp"
 #include "src/cache_layout.hpp"

@@ -26,7 +26,6 @@
 #include <string>
 #include <vector>
 
-
 #include "paged_attention_internal.hpp"
 #include "plan.hpp"
 #include "src/cache_layout.hpp"
