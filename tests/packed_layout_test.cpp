@@ -776,7 +776,7 @@ std::vector<uint8_t> special_bytes(format f, bool nan) {
 // tokens): x64:amx multiplies the values of whole chunks in tiles, where 0 * inf would be NaN for the
 // rows that must not see it.
 TEST(packed_layout, non_finite_values_reach_only_the_rows_that_see_them) {
-    for (format cache_fmt : { format::bf16, format::e4m3, format::e5m2, format::f16 })
+    for (format cache_fmt : { format::f32, format::bf16, format::e4m3, format::e5m2, format::f16 })
         for (format dst_fmt : { format::bf16, format::f32 }) {
             attn_case c = make_case("specials", 8, 2, 64, 16, { { 48, 100 }, { 1, 40 } }, format::bf16,
                                     cache_fmt, cache_layout::hnd)
@@ -825,6 +825,114 @@ TEST(packed_layout, non_finite_values_reach_only_the_rows_that_see_them) {
             EXPECT_GT(finite_rows, 8);
             EXPECT_GT(special_rows, 8);
             attend_every_impl(s, pc, ks, vs, ref);
+        }
+}
+
+/// The largest power of two a cache format holds that keeps q . k and sum p |v| far inside f32.
+double huge_of(format f) {
+    switch (f) {
+        case format::f32:
+        case format::bf16: return 0x1p100;
+        case format::f16: return 32768.;
+        case format::e4m3: return 256.;
+        default: return 32768.; // e5m2
+    }
+}
+/// A unit whose small multiples are subnormal in f32 (f32 and bf16 caches) or in the cache format
+/// itself (f16, e4m3, e5m2; normal f32 values once decoded), and exact in the format.
+double subnormal_unit_of(format f) {
+    switch (f) {
+        case format::f32:
+        case format::bf16: return 0x1p-130;
+        case format::f16: return 0x1p-23;
+        case format::e4m3: return 0x1p-9;
+        default: return 0x1p-16; // e5m2
+    }
+}
+
+// Huge and subnormal finite values are values: a key of huge magnitude (its rows' softmax becomes
+// one-hot or gives it no weight), values of huge magnitude, a query row of f32-subnormal magnitude,
+// a query holding +inf (its row is NaN), and a sequence whose V, in one kv head, is subnormal (f32
+// subnormals for f32 and bf16 caches: those rows' outputs are subnormal, and are compared without
+// the usual floor of 1e-37, so that a kernel that flushed them would fail). The one documented
+// exception (README): bf16 dot products (VDPBF16PS, TDPBF16PS) count subnormal inputs as zero, so
+// x64:avx512_bf16 and x64:amx, which multiply a bf16 cache's values by bf16 probabilities for a bf16
+// dst, give exactly 0 there, which the test checks instead.
+TEST(packed_layout, huge_and_subnormal_values_are_values) {
+    for (format cache_fmt : { format::f32, format::bf16, format::f16, format::e4m3, format::e5m2 })
+        for (format dst_fmt : { format::bf16, format::f32 }) {
+            attn_case c = make_case("extremes", 8, 2, 64, 16, { { 48, 100 }, { 1, 40 } }, format::bf16,
+                                    cache_fmt, cache_layout::hnd)
+                                  .dst(dst_fmt);
+            c.shuffle = false;
+            SCOPED_TRACE(c.name());
+            attn_setup s = build_setup(c);
+            packed_cache pc =
+                    make_packed(c.cache_fmt, s.b.num_blocks, c.hkv, c.bs, c.d, region_layout::dense);
+            scales_spec ks, vs;
+            fill_packed(s, packed_writer(s, pc), pc, ks, vs);
+            // Writes x (exact in the format) at (sequence, token, kv head, dim) of K or V, plain and packed.
+            const auto put = [&](bool key, int64_t seq, int64_t token, int64_t head, int64_t dim, double x) {
+                const int64_t block = s.b.block_of(seq, token), t = token % c.bs;
+                store_rounded(key ? s.cache.k() : s.cache.v(), cache_fmt,
+                              s.cache.offset(block, head, t) + dim, x);
+                store_rounded(key ? pc.k() : pc.v(), cache_fmt,
+                              key ? pc.k_at(block, head, t, dim) : pc.v_at(block, head, t, dim), x);
+            };
+            const double huge = huge_of(cache_fmt), unit = subnormal_unit_of(cache_fmt);
+            for (int64_t d = 0; d < c.d; ++d) {
+                const double sign = (d * 7 + 3) % 3 == 0 ? -1. : 1.;
+                put(true, 0, 70, 0, d, sign * huge);   // seen by rows at positions 70.. of q heads 0-3
+                put(false, 0, 55, 1, d, -sign * huge); // q heads 4-7
+                put(false, 0, 80, 1, d, sign * huge);
+                for (int64_t j = 0; j < 40; ++j) // the decode sequence, kv head 0
+                    put(false, 1, j, 0, d, sign * unit * static_cast<double>(1 + (d + j) % 3));
+            }
+            // Query: token 20, q head 2 scaled to f32 subnormals; token 30, q head 6 holds +inf in dim 5.
+            for (int64_t d = 0; d < c.d; ++d) {
+                const size_t i = static_cast<size_t>((20 * c.hq + 2) * c.d + d);
+                store_rounded(s.q.data(), c.q_fmt, static_cast<int64_t>(i), s.q_in[i] * 0x1p-130);
+            }
+            store_rounded(s.q.data(), c.q_fmt, (30 * c.hq + 6) * c.d + 5, INFINITY);
+            const oracle::result ref = s.oracle_on_cache();
+            // The test's own checks: the inf row is NaN, the subnormal-V rows are tiny but not 0.
+            EXPECT_TRUE(std::isnan(ref.out[ref.index(30, 6, 0)])) << "test bug: the oracle";
+            const double decode_out = std::fabs(ref.out[ref.index(48, 0, 0)]);
+            EXPECT_GT(decode_out, 0.);
+            EXPECT_LT(decode_out, 4 * unit);
+            // Rows of the decode token in kv head 0 without the 1e-37 floor: f32's subnormal spacing per
+            // summed token, and half the dst's subnormal spacing.
+            const double subnormal_slack = 40 * 0x1p-149 + (dst_fmt == format::bf16 ? 0x1p-134 : 0x1p-150);
+            const auto tol = [&](size_t i) {
+                const int64_t row = static_cast<int64_t>(i) / c.d, token = row / c.hq, head = row % c.hq;
+                const double t = attention_tol(ref, i, dst_fmt);
+                return token == 48 && head < 4 ? t - dst_floor(dst_fmt) + subnormal_slack : t;
+            };
+            pa::paged_attention::primitive_desc pd = packed_reader(s, pc);
+            dnnl::stream st = make_stream();
+            do {
+                const std::string impl = pd.impl_info_str();
+                SCOPED_TRACE("impl " + impl);
+                const bool bf16_products = (impl == "x64:avx512_bf16" || impl == "x64:amx") &&
+                                           cache_fmt == format::bf16 && dst_fmt == format::bf16;
+                const pa::paged_attention prim(pd);
+                buffer dst = s.make_dst();
+                prim.execute(st, packed_args(s, pc, ks, vs, dst.data()));
+                st.wait();
+                const comparison cmp = bf16_products ? compare_attention(dst.data(), dst_fmt, ref)
+                                                     : compare(dst.data(), dst_fmt, ref, tol);
+                EXPECT_EQ(cmp.failures, 0) << cmp;
+                EXPECT_EQ(cmp.checked, s.b.tokens * c.hq * c.d);
+                if (bf16_products) {
+                    int64_t nonzero = 0;
+                    for (int64_t h = 0; h < 4; ++h)
+                        for (int64_t d = 0; d < c.d; ++d)
+                            nonzero += reference::load(dst.data(), dst_fmt,
+                                                       static_cast<int64_t>(ref.index(48, h, d))) != 0;
+                    EXPECT_EQ(nonzero, 0)
+                            << "bf16 dot products no longer flush subnormal values: update README";
+                }
+            } while (pd.next_impl());
         }
 }
 
