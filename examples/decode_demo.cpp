@@ -2,12 +2,16 @@
 // once with a bf16 cache and once with an FP8 (e4m3) cache that holds one scale per cached token.
 //
 // Several sequences of different prompt lengths share one cache through a block allocator. Step 0
-// prefills every prompt in one variable-length call; each later step decodes one token per
-// sequence. Every step first writes its new keys and values into the cache (reshape_and_cache),
-// then attends to the cache (paged_attention). The demo prints the implementations chosen, the
-// memory of both caches, the speed of both runs and how far the FP8 outputs are from the bf16 ones.
+// prefills every prompt in one variable-length call: it writes all the prompts' keys and values
+// and attends for the last --prefill-queries tokens of each (a chunked prefill whose earlier chunks
+// were served before; 0: every token). Each later step decodes one token per sequence. Every step
+// first writes its new keys and values into the cache (reshape_and_cache), then attends to the cache
+// (paged_attention). The demo prints the implementations chosen, the memory of both caches, the
+// speed of both runs and how far the FP8 outputs are from the bf16 ones.
 //
-// Run it without arguments for the default sizes; --help lists the flags.
+// By default it is a serving step of a loaded server: 32 sequences of 1K-4K tokens, a KV cache of
+// hundreds of MiB, far beyond the last-level cache, as decode meets it in production. --small is the
+// earlier in-cache case (6 short sequences, every prompt token attended). --help lists the flags.
 
 #include <pagedattn/pagedattn.hpp>
 
@@ -29,15 +33,24 @@ using namespace pagedattn;
 namespace {
 
 struct config {
-    int seqs = 6;
+    int seqs = 32;
     int q_heads = 32;
     int kv_heads = 8;
     int head_size = 128;
     int block_size = 16;
-    int prompt_max = 700;  // prompts are spread evenly over [min(37, prompt_max), prompt_max]
-    int steps = 32;        // decode steps after the prefill
-    double threshold = -1; // relative error limit; negative: no check
+    int prompt_min = 1024, prompt_max = 4096; // prompts are spread evenly over [min, max]
+    int prefill_queries = 16;                 // prompt tokens attended in step 0 per sequence; 0: all
+    int steps = 32;                           // decode steps after the prefill
+    double threshold = -1;                    // relative error limit; negative: no check
 };
+
+/// --small: the in-cache case of the first demo.
+void make_small(config &c) {
+    c.seqs = 6;
+    c.prompt_min = 37;
+    c.prompt_max = 700;
+    c.prefill_queries = 0;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Inputs. They depend only on (sequence, position, head, dim), never on the cache type, so both
@@ -60,17 +73,36 @@ double unit(uint64_t h) {
 
 enum role : uint64_t { role_query = 1, role_key = 2, role_value = 3 };
 
-// A smooth random vector: dim d is a sinusoid of the position with its own frequency, phase and
+// Smooth random vectors: dim d is a sinusoid of the position with its own frequency, phase and
 // amplitude, plus some noise. A query shares the sinusoids of its kv head's keys (shape_head), so
-// it attends most to recent positions, as real attention tends to, instead of uniformly.
-float input_value(role r, int seq, int pos, int shape_head, int head, int d) {
-    const uint64_t h = hash(r == role_value ? 2 : 1, seq, shape_head, d);
-    const double freq = 0.002 * std::pow(100.0, unit(h)); // 0.002 .. 0.2 radians per position
-    const double phase = 6.283185307179586 * unit(mix(h + 1));
-    const double amplitude = 0.5 + unit(mix(h + 2));
-    const uint64_t noise_hash = hash(r, seq, pos, head, d);
-    const double noise = 2 * unit(noise_hash) - 1;
-    return static_cast<float>(amplitude * std::sin(freq * pos + phase) + 0.3 * noise);
+// it attends most to recent positions, as real attention tends to, instead of uniformly. A
+// sinusoid is stepped from one position to the next by a rotation: the demo makes tens of millions.
+class sinusoid {
+public:
+    sinusoid(role r, int seq, int shape_head, int d, int first_pos) {
+        const uint64_t h = hash(r == role_value ? 2 : 1, seq, shape_head, d);
+        const double freq = 0.002 * std::pow(100.0, unit(h)); // 0.002 .. 0.2 radians per position
+        const double phase = 6.283185307179586 * unit(mix(h + 1));
+        amplitude_ = 0.5 + unit(mix(h + 2));
+        sin_ = std::sin(freq * first_pos + phase);
+        cos_ = std::cos(freq * first_pos + phase);
+        step_sin_ = std::sin(freq);
+        step_cos_ = std::cos(freq);
+    }
+    double value() const { return amplitude_ * sin_; }
+    void next() {
+        const double s = sin_ * step_cos_ + cos_ * step_sin_;
+        cos_ = cos_ * step_cos_ - sin_ * step_sin_;
+        sin_ = s;
+    }
+
+private:
+    double amplitude_, sin_, cos_, step_sin_, step_cos_;
+};
+
+float input_value(const sinusoid &wave, role r, int seq, int pos, int head, int d) {
+    const double noise = 2 * unit(hash(r, seq, pos, head, d)) - 1;
+    return static_cast<float>(wave.value() + 0.3 * noise);
 }
 
 // bf16 is the upper half of an f32; round to nearest even (inputs here are finite).
@@ -81,15 +113,24 @@ uint16_t to_bf16(float x) {
     return static_cast<uint16_t>(u >> 16);
 }
 
-// The new tokens of one step, grouped by sequence in sequence order.
+float from_bf16(uint16_t x) {
+    const uint32_t u = static_cast<uint32_t>(x) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+// The new tokens of one step, grouped by sequence in sequence order: all are written to the cache,
+// the last queries[s] of sequence s attend.
 struct step_inputs {
-    std::vector<int> new_tokens;             // per sequence
-    int tokens = 0;                          // their sum: the step's T
-    std::vector<uint16_t> query, key, value; // bf16 [T, heads, head_size]
+    std::vector<int> new_tokens, queries; // per sequence
+    int tokens = 0, query_tokens = 0;     // their sums: the step's K/V and query T
+    std::vector<uint16_t> query;          // bf16 [query_tokens, q heads, head_size]
+    std::vector<uint16_t> key, value;     // bf16 [tokens, kv heads, head_size]
 };
 
 std::vector<int> prompt_lengths(const config &c) {
-    const int lo = std::min(37, c.prompt_max);
+    const int lo = std::min(c.prompt_min, c.prompt_max);
     std::vector<int> lens(c.seqs);
     for (int s = 0; s < c.seqs; ++s)
         lens[s] = c.seqs == 1 ? c.prompt_max : lo + (c.prompt_max - lo) * s / (c.seqs - 1);
@@ -103,26 +144,36 @@ std::vector<step_inputs> make_inputs(const config &c, const std::vector<int> &pr
     for (size_t k = 0; k < steps.size(); ++k) {
         step_inputs &in = steps[k];
         in.new_tokens = k == 0 ? prompts : std::vector<int>(prompts.size(), 1);
-        for (int n : in.new_tokens)
+        for (int n : in.new_tokens) {
+            in.queries.push_back(k == 0 && c.prefill_queries > 0 ? std::min(n, c.prefill_queries) : n);
             in.tokens += n;
-        in.query.resize(static_cast<size_t>(in.tokens) * hq * d);
+            in.query_tokens += in.queries.back();
+        }
+        in.query.resize(static_cast<size_t>(in.query_tokens) * hq * d);
         in.key.resize(static_cast<size_t>(in.tokens) * hkv * d);
         in.value.resize(in.key.size());
-        size_t t = 0;
+        size_t t = 0, qt = 0; // the step's K/V token and query token
         for (int s = 0; s < c.seqs; ++s) {
-            const int first_pos = k == 0 ? 0 : prompts[s] + static_cast<int>(k) - 1;
-            for (int i = 0; i < in.new_tokens[s]; ++i, ++t) {
-                const int pos = first_pos + i;
-                for (int h = 0; h < hq; ++h)
-                    for (int e = 0; e < d; ++e) // q head h reads kv head h * hkv / hq (GQA)
-                        in.query[(t * hq + h) * d + e] =
-                                to_bf16(input_value(role_query, s, pos, h * hkv / hq, h, e));
-                for (int h = 0; h < hkv; ++h)
-                    for (int e = 0; e < d; ++e) {
-                        in.key[(t * hkv + h) * d + e] = to_bf16(input_value(role_key, s, pos, h, h, e));
-                        in.value[(t * hkv + h) * d + e] = to_bf16(input_value(role_value, s, pos, h, h, e));
+            const int n = in.new_tokens[s], first_pos = k == 0 ? 0 : prompts[s] + static_cast<int>(k) - 1;
+            const int first_query = n - in.queries[s];
+            for (int h = 0; h < hkv; ++h)
+                for (int e = 0; e < d; ++e) {
+                    sinusoid kw(role_key, s, h, e, first_pos), vw(role_value, s, h, e, first_pos);
+                    for (int i = 0; i < n; ++i, kw.next(), vw.next()) {
+                        const size_t at = ((t + i) * hkv + h) * d + e;
+                        in.key[at] = to_bf16(input_value(kw, role_key, s, first_pos + i, h, e));
+                        in.value[at] = to_bf16(input_value(vw, role_value, s, first_pos + i, h, e));
                     }
-            }
+                }
+            for (int h = 0; h < hq; ++h) // q head h reads kv head h * hkv / hq (GQA)
+                for (int e = 0; e < d; ++e) {
+                    sinusoid qw(role_query, s, h * hkv / hq, e, first_pos + first_query);
+                    for (int i = first_query; i < n; ++i, qw.next())
+                        in.query[((qt + i - first_query) * hq + h) * d + e] =
+                                to_bf16(input_value(qw, role_query, s, first_pos + i, h, e));
+                }
+            t += n;
+            qt += in.queries[s];
         }
     }
     return steps;
@@ -197,7 +248,7 @@ run_result simulate(const dnnl::engine &eng, const config &c, const std::vector<
     const tensor_desc cache_md({ num_blocks, hkv, bs, d }, cache_dt, layout::any);
     const tensor_desc new_kv_md({ runtime_dim, hkv, d }, data_type::bf16);
     const tensor_desc query_md({ runtime_dim, hq, d }, data_type::bf16);
-    const tensor_desc dst_md({ runtime_dim, hq, d }, data_type::f32);
+    const tensor_desc dst_md({ runtime_dim, hq, d }, data_type::bf16); // the model's activations
     const bool fp8 = cache_dt == data_type::f8_e4m3 || cache_dt == data_type::f8_e5m2;
     primitive_attr attr;
     if (fp8) { // one scale per cached token and head, computed by reshape_and_cache as it writes
@@ -253,10 +304,11 @@ run_result simulate(const dnnl::engine &eng, const config &c, const std::vector<
                 slot_mapping.push_back(static_cast<int64_t>(block) * bs + pos % bs);
             }
             seq_lens[s] += n; // total KV length including this step's tokens
-            query_start_loc.push_back(query_start_loc.back() + n);
+            query_start_loc.push_back(query_start_loc.back() + in.queries[s]);
         }
 
-        std::vector<float> dst(tokens * hq * d);
+        const dim queries = in.query_tokens;
+        std::vector<uint16_t> dst(queries * hq * d);
         exec_args write_args = {
             { ARG_KEY, tensor(tensor_desc({ tokens, hkv, d }, data_type::bf16), in.key.data()) },
             { ARG_VALUE, tensor(tensor_desc({ tokens, hkv, d }, data_type::bf16), in.value.data()) },
@@ -265,7 +317,7 @@ run_result simulate(const dnnl::engine &eng, const config &c, const std::vector<
             { ARG_SLOT_MAPPING, tensor(tensor_desc({ tokens }, data_type::s64), slot_mapping.data()) },
         };
         exec_args attend_args = {
-            { ARG_QUERY, tensor(tensor_desc({ tokens, hq, d }, data_type::bf16), in.query.data()) },
+            { ARG_QUERY, tensor(tensor_desc({ queries, hq, d }, data_type::bf16), in.query.data()) },
             { ARG_K_CACHE, tensor(k_cache_md, k_cache.data()) },
             { ARG_V_CACHE, tensor(v_cache_md, v_cache.data()) },
             { ARG_BLOCK_TABLE,
@@ -273,7 +325,7 @@ run_result simulate(const dnnl::engine &eng, const config &c, const std::vector<
             { ARG_SEQ_LENS, tensor(tensor_desc({ num_seqs }, data_type::s32), seq_lens.data()) },
             { ARG_QUERY_START_LOC,
               tensor(tensor_desc({ num_seqs + 1 }, data_type::s32), query_start_loc.data()) },
-            { ARG_DST, tensor(tensor_desc({ tokens, hq, d }, data_type::f32), dst.data()) },
+            { ARG_DST, tensor(tensor_desc({ queries, hq, d }, data_type::bf16), dst.data()) },
         };
         if (fp8) { // written by reshape_and_cache, read by paged_attention
             for (exec_args *args : { &write_args, &attend_args }) {
@@ -292,7 +344,8 @@ run_result simulate(const dnnl::engine &eng, const config &c, const std::vector<
             r.decode_step_seconds.push_back(elapsed(start));
 
         std::vector<float> &out = k == 0 ? r.prefill_out : r.decode_out;
-        out.insert(out.end(), dst.begin(), dst.end());
+        for (uint16_t x : dst)
+            out.push_back(from_bf16(x));
     }
     return r;
 }
@@ -322,24 +375,32 @@ void print_usage(std::FILE *out) {
             out,
             "usage: decode_demo [flags]\n"
             "Simulates serving: a prefill of several prompts, then decode steps, once with a bf16 KV cache\n"
-            "and once with an FP8 (e4m3, per-token scales) cache, and compares the two.\n"
+            "and once with an FP8 (e4m3, per-token scales) cache, and compares the two. The default is a\n"
+            "loaded server's cache, far beyond the last-level cache.\n"
             "  --seqs N          sequences (default %d)\n"
             "  --hq N            query heads (default %d)\n"
             "  --hkv N           kv heads, dividing --hq (default %d)\n"
             "  --head-size N     head size (default %d)\n"
             "  --block-size N    tokens per cache block (default %d)\n"
-            "  --prompt-max N    longest prompt; prompts spread over [min(37, N), N] (default %d)\n"
+            "  --prompt-min N    shortest prompt (default %d)\n"
+            "  --prompt-max N    longest prompt; prompts spread over [min, max] (default %d)\n"
+            "  --prefill-queries N  prompt tokens per sequence the prefill attends for, the last ones;\n"
+            "                    0: all (default %d)\n"
             "  --steps N         decode steps (default %d)\n"
+            "  --small           the in-cache case: 6 sequences of 37..700 tokens, every prompt token\n"
+            "                    attended (later flags override)\n"
             "  --threshold X     exit with status 1 if the FP8 relative error exceeds X\n"
             "  --help            this text\n",
-            c.seqs, c.q_heads, c.kv_heads, c.head_size, c.block_size, c.prompt_max, c.steps);
+            c.seqs, c.q_heads, c.kv_heads, c.head_size, c.block_size, c.prompt_min, c.prompt_max,
+            c.prefill_queries, c.steps);
 }
 
-bool parse_positive(const char *text, int &out) {
+bool parse_count(const char *text, int &out, bool zero_allowed) {
     char *end = nullptr;
     errno = 0;
     const long v = std::strtol(text, &end, 10);
-    if (end == text || *end != '\0' || errno != 0 || v <= 0 || v > (1 << 20)) return false;
+    if (end == text || *end != '\0' || errno != 0 || v < (zero_allowed ? 0 : 1) || v > (1 << 20))
+        return false;
     out = static_cast<int>(v);
     return true;
 }
@@ -355,13 +416,19 @@ bool parse_args(int argc, char **argv, config &c, bool &help) {
                                    { "--hkv", &c.kv_heads },
                                    { "--head-size", &c.head_size },
                                    { "--block-size", &c.block_size },
+                                   { "--prompt-min", &c.prompt_min },
                                    { "--prompt-max", &c.prompt_max },
+                                   { "--prefill-queries", &c.prefill_queries },
                                    { "--steps", &c.steps } };
     for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
         if (arg == "--help" || arg == "-h") {
             help = true;
             return true;
+        }
+        if (arg == "--small") {
+            make_small(c);
+            continue;
         }
         if (i + 1 >= argc) {
             std::fprintf(stderr, "decode_demo: %s needs a value (or is unknown); see --help\n", arg.c_str());
@@ -372,7 +439,7 @@ bool parse_args(int argc, char **argv, config &c, bool &help) {
         for (const int_flag &f : int_flags) {
             if (arg != f.name) continue;
             known = true;
-            ok = parse_positive(value, *f.value);
+            ok = parse_count(value, *f.value, f.value == &c.prefill_queries);
         }
         if (arg == "--threshold") {
             char *end = nullptr;
@@ -385,8 +452,10 @@ bool parse_args(int argc, char **argv, config &c, bool &help) {
             return false;
         }
         if (!ok) {
-            std::fprintf(stderr, "decode_demo: bad value '%s' for %s (expected a %s)\n", value, arg.c_str(),
-                         arg == "--threshold" ? "number >= 0" : "positive integer");
+            std::fprintf(stderr, "decode_demo: bad value '%s' for %s (expected %s)\n", value, arg.c_str(),
+                         arg == "--threshold"         ? "a number >= 0"
+                         : arg == "--prefill-queries" ? "an integer >= 0"
+                                                      : "a positive integer");
             return false;
         }
     }
@@ -421,9 +490,11 @@ int main(int argc, char **argv) {
 
         std::printf("pagedattn %s decode demo (CPU ISA available to the library: %s)\n",
                     PAGEDATTN_VERSION_STRING, cpu_isa_name(get_max_cpu_isa()));
-        std::printf("  %d sequences, prompts of %d..%d tokens (%d in all), then %d decode steps\n", c.seqs,
-                    prompts.front(), prompts.back(), steps[0].tokens, c.steps);
-        std::printf("  %d query heads, %d kv heads, head size %d, block size %d; query bf16, output f32\n\n",
+        std::printf(
+                "  %d sequences, prompts of %d..%d tokens (%d in all; the prefill attends for %d of them),"
+                " then %d decode steps\n",
+                c.seqs, prompts.front(), prompts.back(), steps[0].tokens, steps[0].query_tokens, c.steps);
+        std::printf("  %d query heads, %d kv heads, head size %d, block size %d; query and output bf16\n\n",
                     c.q_heads, c.kv_heads, c.head_size, c.block_size);
 
         const run_result bf16 = simulate(eng, c, prompts, steps, data_type::bf16);
@@ -431,22 +502,23 @@ int main(int argc, char **argv) {
 
         // Decode speed from the median step: each step decodes one token per sequence.
         const double bf16_step = median(bf16.decode_step_seconds), fp8_step = median(fp8.decode_step_seconds);
-        std::printf("%-8s  %-17s  %-15s  %12s  %13s  %12s  %10s\n", "cache", "reshape_and_cache",
-                    "paged_attention", "KV cache MiB", "prefill tok/s", "decode tok/s", "ms/step");
+        std::printf("%-8s  %-17s  %-15s  %12s  %10s  %12s  %10s\n", "cache", "reshape_and_cache",
+                    "paged_attention", "KV cache MiB", "prefill ms", "decode tok/s", "ms/step");
         const struct {
             const char *name;
             const run_result &r;
             double step_seconds;
         } rows[] = { { "bf16", bf16, bf16_step }, { "f8_e4m3", fp8, fp8_step } };
         for (const auto &row : rows)
-            std::printf("%-8s  %-17s  %-15s  %12.2f  %13.0f  %12.1f  %10.3f\n", row.name,
+            std::printf("%-8s  %-17s  %-15s  %12.2f  %10.1f  %12.1f  %10.3f\n", row.name,
                         row.r.write_impl.c_str(), row.r.attend_impl.c_str(), row.r.cache_bytes / 1048576.0,
-                        steps[0].tokens / row.r.prefill_seconds, c.seqs / row.step_seconds,
-                        1e3 * row.step_seconds);
+                        1e3 * row.r.prefill_seconds, c.seqs / row.step_seconds, 1e3 * row.step_seconds);
         std::printf("(KV cache: K and V caches plus, for FP8, one f32 scale per token and kv head;\n"
                     " decode: reshape_and_cache + paged_attention, median step, one token per sequence)\n\n");
-        std::printf("FP8 cache: %.2fx the memory of bf16, %.2fx its decode speed\n",
-                    static_cast<double>(fp8.cache_bytes) / bf16.cache_bytes, bf16_step / fp8_step);
+        std::printf("FP8 cache: %.2fx the memory of bf16 (%.0f MiB saved), %.2fx its decode speed\n",
+                    static_cast<double>(fp8.cache_bytes) / bf16.cache_bytes,
+                    (static_cast<double>(bf16.cache_bytes) - fp8.cache_bytes) / 1048576.0,
+                    bf16_step / fp8_step);
 
         const double prefill_error = relative_l2_error(fp8.prefill_out, bf16.prefill_out);
         const double decode_error = relative_l2_error(fp8.decode_out, bf16.decode_out);
