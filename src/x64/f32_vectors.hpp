@@ -91,18 +91,6 @@ struct avx512_f32 {
     static reg load_f16(const void *p) {
         return _mm512_cvtph_ps(_mm256_loadu_si256(static_cast<const __m256i *>(p)));
     }
-    // FP8 codes in 16-bit lanes to f16 bits. e5m2 is the top byte of an f16. e4m3's magnitude bits
-    // shifted into an f16 give its value times 2^-8 exactly, subnormals included (they land on f16
-    // subnormals, which vcvtph2ps converts exactly whatever MXCSR says); NaN codes are patched.
-    template <bool may_hold_nan = true> static __m512i fp8_to_f16(__m512i x, data_type dt) {
-        if (dt == data_type::f8_e5m2) return _mm512_slli_epi16(x, 8);
-        const __m512i magnitude = _mm512_and_si512(x, _mm512_set1_epi16(0x7F));
-        const __m512i h = _mm512_or_si512(_mm512_slli_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0x80)), 8),
-                                          _mm512_slli_epi16(magnitude, 7));
-        if constexpr (!may_hold_nan) return h;
-        return _mm512_mask_mov_epi16(h, _mm512_cmpeq_epi16_mask(magnitude, _mm512_set1_epi16(0x7F)),
-                                     _mm512_set1_epi16(0x7E00));
-    }
     // Packed-layout loads: 2 * width elements holding width pairs (element 2i + k is item i's k-th
     // of the pair), split into the first and the second of each pair. e4m3 comes out times 2^-8
     // (load_unit): the kernel folds 2^8 into q and the output, exactly. `may_hold_nan`
@@ -133,11 +121,34 @@ struct avx512_f32 {
                 second = _mm512_permutex2var_ps(a, _mm512_add_epi32(even, _mm512_set1_epi32(1)), b);
                 break;
             }
-            default: { // FP8, 32 codes: each widened to an f16 with the same value (e4m3: x 2^-8)
-                const __m512i h = fp8_to_f16<may_hold_nan>(
-                        _mm512_cvtepu8_epi16(_mm256_loadu_si256(static_cast<const __m256i *>(p))), dt);
-                first = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
-                second = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16)));
+            default: { // FP8, 32 codes: each made an f16 with the same value (e4m3: x 2^-8)
+                // The 32 codes in both 256-bit halves; one byte shuffle puts the even codes in the
+                // high bytes of the low half's words and the odd codes in the high half's (as
+                // avx2_f32 does with 16): e5m2 is then f16 as is.
+                alignas(64) static constexpr int8_t split_bytes[64] = {
+                    -128, 0, -128, 2, -128, 4, -128, 6, -128, 8, -128, 10, -128, 12, -128, 14, // even
+                    -128, 0, -128, 2, -128, 4, -128, 6, -128, 8, -128, 10, -128, 12, -128, 14, //
+                    -128, 1, -128, 3, -128, 5, -128, 7, -128, 9, -128, 11, -128, 13, -128, 15, // odd
+                    -128, 1, -128, 3, -128, 5, -128, 7, -128, 9, -128, 11, -128, 13, -128, 15,
+                };
+                const __m512i split = _mm512_load_si512(split_bytes);
+                __m512i h = _mm512_shuffle_epi8(
+                        _mm512_broadcast_i64x4(_mm256_loadu_si256(static_cast<const __m256i *>(p))), split);
+                if (dt == data_type::f8_e4m3) {
+                    // S.EEEE.MMM in the high byte, shifted right by one with the sign copied, the
+                    // copy cleared: value x 2^-8 as an f16, subnormals included (f16 subnormals,
+                    // which vcvtph2ps converts exactly whatever MXCSR says). NaN becomes 0xFFFF.
+                    const __m512i t = _mm512_srai_epi16(h, 1);
+                    h = _mm512_and_si512(t, _mm512_set1_epi16(static_cast<short>(0xBF80)));
+                    if constexpr (may_hold_nan) {
+                        const __m512i magnitude = _mm512_set1_epi16(0x3F80);
+                        h = _mm512_mask_mov_epi16(
+                                h, _mm512_cmpeq_epi16_mask(_mm512_and_si512(t, magnitude), magnitude),
+                                _mm512_set1_epi16(-1));
+                    }
+                }
+                first = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+                second = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
                 break;
             }
         }
