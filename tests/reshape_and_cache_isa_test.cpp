@@ -118,15 +118,10 @@ std::vector<uint8_t> scalar_encode(const std::vector<float> &in, float scale, da
 }
 
 // Scales for the FP8 row encoders: 2e36, whose 2^8 multiple overflows f32 (e4m3 then divides by
-// the scale and multiplies by 2^-8); FLT_MIN and the edges of the range where the x64 encoders
-// divide by the reciprocal and one correction (divisors in [2^-76, 2^100]; e4m3 divides by
-// scale * 2^8), one f32 ulp inside and outside; per-token scales amax / max of both formats; and
-// log-uniform random scales.
+// the scale and multiplies by 2^-8); FLT_MIN; per-token scales amax / max of both formats; and
+// log-uniform random scales (the boundary sweeps follow each scale).
 std::vector<float> fp8_scales() {
     std::vector<float> v { 1.f, 0.037f, 5.3f, FLT_MIN, 2e36f };
-    for (float edge : { 0x1p-76f, 0x1p-84f, 0x1p100f, 0x1p92f })
-        for (float x : { edge, std::nextafter(edge, 0.f), std::nextafter(edge, INFINITY) })
-            v.push_back(x);
     for (float amax : { 1e-3f, 0.7f, 3.f, 300.f, 6e4f })
         for (float fmax : { 448.f, 57344.f })
             v.push_back(amax / fmax);
@@ -176,45 +171,6 @@ TEST_P(row_encoder_test, bit_identical_to_scalar_codec) {
             EXPECT_EQ(mismatches, 0u) << "of " << in.size() << " inputs";
         }
     }
-}
-
-// The identity the x64 FP8 encoders divide by (quotient_by::reciprocal in
-// primitives/reshape_and_cache/x64_kernel.hpp), checked on its own in fp32 arithmetic: for a
-// divisor s in [2^-76, 2^100] and r = 1 / s, q0 = x r and q = q0 - (q0 s - x) r (FMAs) is x / s,
-// bit for bit, wherever |x / s| >= 2^-30 (below, both are FP8 zeros), for x clamped to
-// +-s * 2^20. x: every finite bf16 and f16 value; s: the per-token scales amax / max (times 2^8 for
-// e4m3, as the encoder divides) of a spread of bf16 and f16 amaxes. (Run once over every finite
-// positive bf16 and f16 amax too: 1.1e10 quotients, none different.)
-TEST(reciprocal_quotients, equal_the_divisions) {
-    std::vector<float> xs;
-    for (uint32_t h = 0; h < 0x10000; ++h)
-        for (float x :
-             { detail::bf16_to_f32(static_cast<uint16_t>(h)), detail::f16_to_f32(static_cast<uint16_t>(h)) })
-            if (std::isfinite(x)) xs.push_back(x);
-    const uint32_t step = reduced() ? 4099 : 257; // amaxes: every step-th bit pattern
-    int64_t checked = 0, different = 0, scales = 0;
-    for (uint32_t h = 1; h < 0x7F80; h += step)
-        for (float amax : { detail::bf16_to_f32(static_cast<uint16_t>(h)),
-                            h < 0x7C00 ? detail::f16_to_f32(static_cast<uint16_t>(h)) : 1.f })
-            for (float divisor : { amax / 448.f * 256.f, amax / 57344.f }) {
-                if (!(divisor >= 0x1p-76f && divisor <= 0x1p100f)) continue;
-                ++scales;
-                const float r = 1.f / divisor, limit = divisor * 0x1p20f;
-                for (float x0 : xs) {
-                    const float x = std::max(-limit, std::min(limit, x0));
-                    const float q0 = x * r;
-                    const float q = std::fma(-std::fma(q0, divisor, -x), r, q0);
-                    const float want = x0 / divisor;
-                    if (std::fabs(want) < 0x1p-30f) continue;
-                    ++checked;
-                    const bool same = std::fabs(want) > 0x1p20f ? std::fabs(q) >= 0x1p20f * 0.999f
-                                                                : bits_of(q) == bits_of(want);
-                    if (!same && different++ < 5)
-                        ADD_FAILURE() << "x " << x0 << " / " << divisor << ": " << q << ", division " << want;
-                }
-            }
-    EXPECT_EQ(different, 0) << "of " << checked << " quotients";
-    EXPECT_GT(scales, reduced() ? 8 : 200);
 }
 
 INSTANTIATE_TEST_SUITE_P(x64, row_encoder_test,

@@ -4,11 +4,11 @@
 //   - FP8 caches take bf16/f16 rows without an f32 copy (the per-token amax from their bits, the
 //     conversion inside the encoder); other rows are converted to f32 into a stack buffer, the amax
 //     taken on the way;
-//   - FP8: q = fp8(x / scale), the correctly rounded f32 quotient (by the reciprocal and one exact
-//     correction, quotient_by::reciprocal; vdivps for extreme scales), saturated to +-max (+-inf
-//     too), NaN to the canonical NaN with its sign; rounded by an FP addition that drops exactly the format's
-//     excess mantissa bits, then vcvtps2ph, exact there, into f16 bits that hold the code (fp8_grid_f16), 32
-//     values per store (encode_fp8_divided, one template over both codecs);
+//   - FP8: q = fp8(x / scale), a true f32 division, saturated to +-max (+-inf too), NaN to the
+//     canonical NaN with its sign; rounded by an FP addition that drops exactly the format's excess
+//     mantissa bits, then vcvtps2ph, exact there, into f16 bits that hold the code
+//     (fp8_grid_f16), 32 values per store (encode_fp8_divided, one template over
+//     both codecs);
 //   - bf16: integer round-to-nearest-even, NaN quieted (bits >> 16 | 0x40); f16: vcvtps2ph in
 //     nearest-even mode, whose NaN (sign | 0x7E00 | payload >> 13) and overflow (>= 65520 to inf)
 //     match f32_to_f16; f32: stored as is, with a signalling NaN quieted like the reference's
@@ -127,8 +127,6 @@ template <> struct codec<avx512_f32> : avx512_f32 {
     static ireg bits(reg x) { return _mm512_castps_si512(x); }
     static ireg set1i(int x) { return _mm512_set1_epi32(x); }
     static reg div(reg a, reg b) { return _mm512_div_ps(a, b); }
-    static reg fmsub(reg a, reg b, reg c) { return _mm512_fmsub_ps(a, b, c); }   // a b - c
-    static reg fnmadd(reg a, reg b, reg c) { return _mm512_fnmadd_ps(a, b, c); } // c - a b
     /// |x| where x is finite, else 0.
     static reg abs_finite(reg x) {
         const ireg m = _mm512_and_si512(bits(x), set1i(0x7FFFFFFF));
@@ -266,8 +264,6 @@ template <> struct codec<avx2_f32> : avx2_f32 {
     static __m128i to_f16(reg x) { return _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
     static ireg set1_byte(int x) { return _mm256_set1_epi8(static_cast<char>(x)); }
     static reg div(reg a, reg b) { return _mm256_div_ps(a, b); }
-    static reg fmsub(reg a, reg b, reg c) { return _mm256_fmsub_ps(a, b, c); }   // a b - c
-    static reg fnmadd(reg a, reg b, reg c) { return _mm256_fnmadd_ps(a, b, c); } // c - a b
     // The FP8 codes of 32 f16-domain values (see fp8_grid_f16), q(0) .. q(3), 32 bytes in order.
     template <bool is_e4m3, typename Quotients> static ireg fp8_codes32(Quotients q) {
         using F = fp8_format<is_e4m3>;
@@ -323,46 +319,16 @@ template <> struct codec<avx2_f32> : avx2_f32 {
 };
 #endif
 
-/// How encode_fp8_divided forms the quotients x / divisor (each the correctly rounded f32 quotient
-/// wherever an FP8 code depends on it).
-enum class quotient_by {
-    /// vdivps: the reference's own operation, but ~6 cycles per 16 values on the hosts measured,
-    /// most of the encoder's time.
-    division,
-    /// vdivps by the scale, then times 2^-8 (e4m3 scales whose 2^8 multiple overflows).
-    division_then_by_256,
-    /// The reciprocal r = 1 / divisor and one correction on the exact remainder (Markstein):
-    /// q0 = x r, e = q0 divisor - x (exact by FMA), q = q0 - e r, the correctly rounded quotient for
-    /// divisors in [2^-76, 2^100]. x is first clamped to +-divisor * 2^20 (every quotient beyond
-    /// saturates; NaN passes) so that nothing overflows; a remainder that underflows only moves
-    /// quotients below 2^-30, which are FP8 zeros of x's sign either way. The sign of a zero
-    /// survives this form (q0 - e r with e = +0). Checked against the division on every finite
-    /// bf16 and f16 x with per-token scales of bf16 and f16 amaxes, and on 1.6e8 random f32 pairs
-    /// (tests/reshape_and_cache_isa_test.cpp: reciprocal_quotients, row_encoder_test).
-    reciprocal,
-};
-
-/// The smallest and largest divisors quotient_by::reciprocal serves.
-constexpr float reciprocal_divisor_min = 0x1p-76f, reciprocal_divisor_max = 0x1p100f;
-
 /// FP8 codes of x[i] / scale for n values (n a multiple of C::width; `load(i)`: x[i ..] as f32),
 /// 32 at a time by C::fp8_codes32, the last 8 to 24 through zero vectors and a buffer.
 /// `words16`: the input again when it is bf16 or f16 (else null), whose top bits give the signs
 /// where the codec can take them (C::signs_from_16bit).
-template <typename C, bool is_e4m3, quotient_by how, typename Load>
-void encode_fp8_divided(Load load, dim n, float divisor_value, char *dst, const char *words16) {
+template <typename C, bool is_e4m3, bool then_by_256, typename Load>
+void encode_fp8_divided(Load load, dim n, typename C::reg divisor, char *dst, const char *words16) {
     using reg = typename C::reg;
-    const reg divisor = C::set1(divisor_value), reciprocal = C::set1(1.f / divisor_value),
-              limit = C::set1(divisor_value * 0x1p20f), negative_limit = C::set1(-divisor_value * 0x1p20f);
     auto quotient = [&](dim i) {
-        if constexpr (how == quotient_by::reciprocal) {
-            const reg x = C::max(negative_limit, C::min(limit, load(i))); // NaN: the second operands
-            const reg q0 = C::mul(x, reciprocal);
-            return C::fnmadd(C::fmsub(q0, divisor, x), reciprocal, q0);
-        } else {
-            const reg q = C::div(load(i), divisor);
-            return how == quotient_by::division_then_by_256 ? C::mul(q, C::set1(1.f / 256.f)) : q;
-        }
+        const reg q = C::div(load(i), divisor);
+        return then_by_256 ? C::mul(q, C::set1(1.f / 256.f)) : q;
     };
     dim i = 0;
     if constexpr (C::signs_from_16bit)
@@ -390,12 +356,10 @@ void encode_fp8_loaded(Load load, dim n, float scale, char *dst, const char *wor
     // is the f32 quotient times 2^-8 wherever an FP8 code depends on it (it is below 2^-118
     // elsewhere). A scale whose 2^8 multiple overflows divides by itself and multiplies after.
     const float shifted = is_e4m3 ? scale * 256.f : scale;
-    if (shifted >= reciprocal_divisor_min && shifted <= reciprocal_divisor_max)
-        encode_fp8_divided<C, is_e4m3, quotient_by::reciprocal>(load, n, shifted, dst, words16);
-    else if (shifted <= FLT_MAX)
-        encode_fp8_divided<C, is_e4m3, quotient_by::division>(load, n, shifted, dst, words16);
+    if (shifted <= FLT_MAX)
+        encode_fp8_divided<C, is_e4m3, false>(load, n, C::set1(shifted), dst, words16);
     else
-        encode_fp8_divided<C, is_e4m3, quotient_by::division_then_by_256>(load, n, scale, dst, words16);
+        encode_fp8_divided<C, is_e4m3, true>(load, n, C::set1(scale), dst, words16);
 }
 
 /// The FP8 codes of n values of type in_type (f32, bf16, f16) x[i] / scale.
