@@ -9,9 +9,10 @@
 // (paged_attention). The demo prints the implementations chosen, the memory of both caches, the
 // speed of both runs and how far the FP8 outputs are from the bf16 ones.
 //
-// By default it is a serving step of a loaded server: 32 sequences of 1K-4K tokens, a KV cache of
-// hundreds of MiB, far beyond the last-level cache, as decode meets it in production. --small is the
-// earlier in-cache case (6 short sequences, every prompt token attended). --help lists the flags.
+// By default it is a serving step of a loaded server: 32 sequences of 1K-4K tokens in blocks of 128,
+// a KV cache of hundreds of MiB, far beyond the last-level cache, as decode meets it in production.
+// --small is the earlier in-cache case (6 short sequences, blocks of 16, every prompt token
+// attended). --help lists the flags.
 
 #include <pagedattn/pagedattn.hpp>
 
@@ -28,6 +29,10 @@
 #include <string>
 #include <vector>
 
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
+
 using namespace pagedattn;
 
 namespace {
@@ -37,7 +42,7 @@ struct config {
     int q_heads = 32;
     int kv_heads = 8;
     int head_size = 128;
-    int block_size = 16;
+    int block_size = 128; // tokens per cache block: a packed 128-token block is one chunk of the kernels
     int prompt_min = 1024, prompt_max = 4096; // prompts are spread evenly over [min, max]
     int prefill_queries = 16;                 // prompt tokens attended in step 0 per sequence; 0: all
     int steps = 32;                           // decode steps after the prefill
@@ -47,6 +52,7 @@ struct config {
 /// --small: the in-cache case of the first demo.
 void make_small(config &c) {
     c.seqs = 6;
+    c.block_size = 16;
     c.prompt_min = 37;
     c.prompt_max = 700;
     c.prefill_queries = 0;
@@ -203,14 +209,23 @@ private:
     std::vector<int32_t> free_;
 };
 
-// Caches are large and read by SIMD kernels: 64-byte aligned, zero-filled memory.
+// Caches are large and read by SIMD kernels: zero-filled memory, aligned to 2 MiB and (on Linux)
+// advised to use transparent huge pages, as an engine allocating its KV cache would: with 4 KiB
+// pages nearly every 4 KiB of a scattered cache block costs a page walk (decode ~5% slower).
 struct aligned_buffer {
-    explicit aligned_buffer(size_t bytes)
-        : ptr(std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64))) {
+    static constexpr size_t huge_page = size_t(2) << 20;
+    explicit aligned_buffer(size_t bytes) {
+        const size_t rounded = std::max(huge_page, (bytes + huge_page - 1) / huge_page * huge_page);
+        ptr.reset(std::aligned_alloc(huge_page, rounded));
         if (!ptr) throw std::bad_alloc();
+#ifdef __linux__
+        madvise(ptr.get(), rounded, MADV_HUGEPAGE); // a hint: ignored where THP is off
+#endif
         std::memset(ptr.get(), 0, bytes);
     }
-    void *data() const { return ptr.get(); }
+    void *data() const {
+        return ptr.get();
+    }
     struct free_deleter {
         void operator()(void *p) const { std::free(p); }
     };
@@ -388,7 +403,7 @@ void print_usage(std::FILE *out) {
             "                    0: all (default %d)\n"
             "  --steps N         decode steps (default %d)\n"
             "  --small           the in-cache case: 6 sequences of 37..700 tokens, every prompt token\n"
-            "                    attended (later flags override)\n"
+            "                    attended, blocks of 16 (later flags override)\n"
             "  --threshold X     exit with status 1 if the FP8 relative error exceeds X\n"
             "  --help            this text\n",
             c.seqs, c.q_heads, c.kv_heads, c.head_size, c.block_size, c.prompt_min, c.prompt_max,
