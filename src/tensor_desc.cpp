@@ -68,17 +68,10 @@ const char *arg_name(int arg) {
 }
 
 namespace {
-std::string dims_text(const dims &d) {
-    std::string out;
-    for (size_t i = 0; i < d.size(); ++i)
-        out += (i ? "x" : "") + (d[i] == runtime_dim ? std::string("*") : std::to_string(d[i]));
-    return out;
-}
-
 [[noreturn]] void throw_overflow(const dims &d) {
     detail::throw_error(
             status::invalid_arguments,
-            detail::concat("tensor_desc: dims ", dims_text(d),
+            detail::concat("tensor_desc: dims ", detail::dims_string(d),
                            ": the element count, an offset or the size in bytes overflows 64 bits"));
 }
 

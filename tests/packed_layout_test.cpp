@@ -758,6 +758,18 @@ TEST(packed_layout, every_writer_is_read_by_every_reader) {
 // Non-finite values reach only the rows that see them
 
 /// The bits of NaN (or, where the format has one, +inf) in format f, as the cache stores them.
+/// Writes one element's bytes (the cache format's size) at (sequence, token, kv head, dim) of K or V,
+/// in the setup's plain cache and in the packed one alike.
+void put_element(attn_setup &s, packed_cache &pc, bool key, int64_t seq, int64_t token, int64_t head,
+                 int64_t dim, const void *bytes) {
+    const int64_t es = size_of(s.c.cache_fmt), block = s.b.block_of(seq, token), t = token % s.c.bs;
+    char *plain = static_cast<char *>(key ? s.cache.k() : s.cache.v());
+    char *packed = static_cast<char *>(key ? pc.k() : pc.v());
+    std::memcpy(plain + (s.cache.offset(block, head, t) + dim) * es, bytes, static_cast<size_t>(es));
+    const int64_t at = key ? pc.k_at(block, head, t, dim) : pc.v_at(block, head, t, dim);
+    std::memcpy(packed + at * es, bytes, static_cast<size_t>(es));
+}
+
 std::vector<uint8_t> special_bytes(format f, bool nan) {
     switch (f) {
         case format::f32:
@@ -788,7 +800,6 @@ TEST(packed_layout, non_finite_values_reach_only_the_rows_that_see_them) {
                     make_packed(c.cache_fmt, s.b.num_blocks, c.hkv, c.bs, c.d, region_layout::dense);
             scales_spec ks, vs;
             fill_packed(s, packed_writer(s, pc), pc, ks, vs);
-            const int64_t es = size_of(cache_fmt);
             // (token of sequence 0, kv head, dim, NaN?, in K?) ; the query rows are positions 52..99.
             struct special {
                 int64_t token, head, dim;
@@ -798,14 +809,7 @@ TEST(packed_layout, non_finite_values_reach_only_the_rows_that_see_them) {
                  { special { 60, 0, 3, true, false }, special { 75, 1, 17, false, false },
                    special { 77, 0, 63, true, false }, special { 90, 1, 5, true, true } }) {
                 const std::vector<uint8_t> bits = special_bytes(cache_fmt, x.nan);
-                const int64_t block = s.b.block_of(0, x.token), t = x.token % c.bs;
-                char *plain = static_cast<char *>(x.key ? s.cache.k() : s.cache.v());
-                char *packed = static_cast<char *>(x.key ? pc.k() : pc.v());
-                std::memcpy(plain + (s.cache.offset(block, x.head, t) + x.dim) * es, bits.data(),
-                            bits.size());
-                const int64_t at =
-                        x.key ? pc.k_at(block, x.head, t, x.dim) : pc.v_at(block, x.head, t, x.dim);
-                std::memcpy(packed + at * es, bits.data(), bits.size());
+                put_element(s, pc, x.key, 0, x.token, x.head, x.dim, bits.data());
             }
             // A NaN in two query rows (token 10, q head 1; the decode's token 48, q head 5): those
             // rows are NaN, the others of their tiles and kv heads are not.
@@ -873,11 +877,9 @@ TEST(packed_layout, huge_and_subnormal_values_are_values) {
             fill_packed(s, packed_writer(s, pc), pc, ks, vs);
             // Writes x (exact in the format) at (sequence, token, kv head, dim) of K or V, plain and packed.
             const auto put = [&](bool key, int64_t seq, int64_t token, int64_t head, int64_t dim, double x) {
-                const int64_t block = s.b.block_of(seq, token), t = token % c.bs;
-                store_rounded(key ? s.cache.k() : s.cache.v(), cache_fmt,
-                              s.cache.offset(block, head, t) + dim, x);
-                store_rounded(key ? pc.k() : pc.v(), cache_fmt,
-                              key ? pc.k_at(block, head, t, dim) : pc.v_at(block, head, t, dim), x);
+                unsigned char bits[4];
+                store_rounded(bits, cache_fmt, 0, x);
+                put_element(s, pc, key, seq, token, head, dim, bits);
             };
             const double huge = huge_of(cache_fmt), unit = subnormal_unit_of(cache_fmt);
             for (int64_t d = 0; d < c.d; ++d) {

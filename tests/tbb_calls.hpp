@@ -1,63 +1,53 @@
-// The TBB calls tests make to launch work: arena.execute(f), and f(i) as the tasks of one
-// tbb::parallel_for. Their TBB templates live in tbb_calls.cpp, which a ThreadSanitizer build
-// compiles uninstrumented like Debian's libtbb (TSan cannot see how libtbb hands work to another
-// thread); the happens-before edges TBB guarantees are stated to TSan instead, as
-// src/parallel.hpp does for the library's loops.
+// How tests launch work with TBB beside the library: arena.execute(f), and f(i) as the tasks of
+// one parallel loop (the library's own, src/parallel.hpp, which states TBB's happens-before edges
+// to ThreadSanitizer). arena.execute's TBB template lives in tbb_calls.cpp, which a
+// ThreadSanitizer build compiles uninstrumented like Debian's libtbb (TSan cannot see how libtbb
+// hands f to another thread of the arena); the edges execute guarantees are stated here instead.
 #pragma once
 
 #include <oneapi/tbb/task_arena.h>
 
-#if defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define PAGEDATTN_TEST_THREAD_SANITIZER 1
-#include <sanitizer/tsan_interface.h>
-#endif
-#endif
+#include "src/parallel.hpp"
 
 namespace test_util {
 
-void execute_in_arena(tbb::task_arena &arena, void (*function)(void *, int), void *context);
-void parallel_for_tasks(int n, void (*function)(void *, int), void *context);
-
-namespace detail {
-/// Calls launch(trampoline, &context) where the trampoline calls f(i), with TSan's edges.
-template <typename F, typename Launch> void annotated(const F &f, const Launch &launch) {
-    struct context_type {
-        const F &f;
-#ifdef PAGEDATTN_TEST_THREAD_SANITIZER
-        char before = 0, after = 0; // their addresses name the two happens-before edges
-#endif
-    } context { f };
-#ifdef PAGEDATTN_TEST_THREAD_SANITIZER
-    __tsan_release(&context.before);
-#endif
-    launch(
-            [](void *c, int i) {
-                auto &ctx = *static_cast<context_type *>(c);
-#ifdef PAGEDATTN_TEST_THREAD_SANITIZER
-                __tsan_acquire(&ctx.before);
-#endif
-                ctx.f(i);
-#ifdef PAGEDATTN_TEST_THREAD_SANITIZER
-                __tsan_release(&ctx.after);
-#endif
-            },
-            static_cast<void *>(&context));
-#ifdef PAGEDATTN_TEST_THREAD_SANITIZER
-    __tsan_acquire(&context.after);
-#endif
-}
-} // namespace detail
+void execute_in_arena(tbb::task_arena &arena, void (*function)(void *), void *context);
 
 /// arena.execute(f).
 template <typename F> void execute_in(tbb::task_arena &arena, const F &f) {
-    detail::annotated([&](int) { f(); },
-                      [&](void (*function)(void *, int), void *c) { execute_in_arena(arena, function, c); });
+    struct context_type {
+        const F &f;
+#ifdef PAGEDATTN_THREAD_SANITIZER
+        char before = 0, after = 0; // their addresses name the two happens-before edges
+#endif
+    } context { f };
+#ifdef PAGEDATTN_THREAD_SANITIZER
+    __tsan_release(&context.before);
+#endif
+    execute_in_arena(
+            arena,
+            [](void *c) {
+                auto &ctx = *static_cast<context_type *>(c);
+#ifdef PAGEDATTN_THREAD_SANITIZER
+                __tsan_acquire(&ctx.before);
+#endif
+                ctx.f();
+#ifdef PAGEDATTN_THREAD_SANITIZER
+                __tsan_release(&ctx.after);
+#endif
+            },
+            &context);
+#ifdef PAGEDATTN_THREAD_SANITIZER
+    __tsan_acquire(&context.after);
+#endif
 }
 
-/// f(0) ... f(n - 1) as the tasks of one tbb::parallel_for (grain 1) in the calling arena.
+/// f(0) ... f(n - 1) as the tasks of one parallel loop (grain 1) in the calling arena.
 template <typename F> void for_each_task(int n, const F &f) {
-    detail::annotated(f, [&](void (*function)(void *, int), void *c) { parallel_for_tasks(n, function, c); });
+    pagedattn::detail::parallel_for<int>(0, n, 1, [&](int first, int last) {
+        for (int i = first; i != last; ++i)
+            f(i);
+    });
 }
 
 } // namespace test_util

@@ -75,7 +75,7 @@ struct hardware_tiles {
         __asm__ volatile("tilezero %%tmm%c0" ::"i"(tile));
     }
     /// c += a x b (TDPBF16PS c, a, b).
-    template <int c, int a, int b> PAGEDATTN_NO_COVERAGE void dpbf16ps() {
+    template <int c, int a, int b> void dpbf16ps() {
         static_assert(c != a && c != b && a != b, "TDPBF16PS needs three different tiles");
         __asm__ volatile("tdpbf16ps %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"i"(c), "i"(a), "i"(b));
     }
