@@ -288,29 +288,48 @@ void packed_scores(const char *k_group, dim k_size, const float *q, dim d, float
     constexpr dim pair_bytes = 32 * (k_type == data_type::f32                                ? 4
                                      : k_type == data_type::bf16 || k_type == data_type::f16 ? 2
                                                                                              : 1);
-    R s[N][lanes];
+    // Each sum is split over `chains` accumulators (the first and second of a pair, and with 32
+    // registers the pairs' parity too), so that 8 or more FMAs are in flight: with one per (row,
+    // vector) the 16-lane kernel's 4 decode rows ran 4 chains of 2 dependent FMAs per pair,
+    // bound by the FMA latency at half the FMA throughput. 16 ymm registers hold 8 sums at most
+    // (N = 4, two vectors each: 8 chains already).
+    constexpr int registers = width == 16 ? 32 : 16;
+    constexpr int chains = 4 * N * lanes + 2 * lanes + 2 <= registers   ? 4
+                           : 2 * N * lanes + 2 * lanes + 2 <= registers ? 2
+                                                                        : 1;
+    R s[N][lanes][chains];
     for (int r = 0; r < N; ++r)
         for (int v = 0; v < lanes; ++v)
-            s[r][v] = V::zero();
-    for (dim pair = 0; pair < d / 2; ++pair) {
-        R first[lanes], second[lanes];
-        for (int v = 0; v < lanes; ++v)
-            V::template load_pair<may_hold_nan>(k_group + (pair * 32 + v * 2 * width) * k_size, k_type,
-                                                first[v], second[v]);
-        for (dim line = 0; line < pair_bytes; line += 64)
-            prefetch_ahead(k_group + pair * pair_bytes + line, ahead);
-        for (int r = 0; r < N; ++r) {
-            const R q0 = V::set1(q[r * d + 2 * pair]);
+            for (int c = 0; c < chains; ++c)
+                s[r][v][c] = V::zero();
+    constexpr int pairs_per_step = chains == 4 ? 2 : 1; // d / 2 is a multiple of 4 (d % 8 == 0)
+    for (dim pair0 = 0; pair0 < d / 2; pair0 += pairs_per_step)
+        for (int h = 0; h < pairs_per_step; ++h) {
+            const dim pair = pair0 + h;
+            R first[lanes], second[lanes];
             for (int v = 0; v < lanes; ++v)
-                s[r][v] = V::fma(q0, first[v], s[r][v]);
-            const R q1 = V::set1(q[r * d + 2 * pair + 1]);
-            for (int v = 0; v < lanes; ++v)
-                s[r][v] = V::fma(q1, second[v], s[r][v]);
+                V::template load_pair<may_hold_nan>(k_group + (pair * 32 + v * 2 * width) * k_size, k_type,
+                                                    first[v], second[v]);
+            for (dim line = 0; line < pair_bytes; line += 64)
+                prefetch_ahead(k_group + pair * pair_bytes + line, ahead);
+            constexpr int c_first = 0, c_second = chains > 1 ? 1 : 0;
+            const int c = chains == 4 ? 2 * h : 0;
+            for (int r = 0; r < N; ++r) {
+                const R q0 = V::set1(q[r * d + 2 * pair]);
+                for (int v = 0; v < lanes; ++v)
+                    s[r][v][c + c_first] = V::fma(q0, first[v], s[r][v][c + c_first]);
+                const R q1 = V::set1(q[r * d + 2 * pair + 1]);
+                for (int v = 0; v < lanes; ++v)
+                    s[r][v][c + c_second] = V::fma(q1, second[v], s[r][v][c + c_second]);
+            }
         }
-    }
     for (int r = 0; r < N; ++r)
-        for (int v = 0; v < lanes; ++v)
-            V::store(out + r * out_stride + v * width, s[r][v]);
+        for (int v = 0; v < lanes; ++v) {
+            R sum = s[r][v][0];
+            for (int c = 1; c < chains; ++c)
+                sum = V::add(sum, s[r][v][c]);
+            V::store(out + r * out_stride + v * width, sum);
+        }
 }
 
 // Scores by bf16 pair products of N rows against G 16-token groups: q_pairs holds the rows' q as
