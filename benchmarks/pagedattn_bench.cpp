@@ -7,7 +7,7 @@
 // with, so that drift biases neither their ratios nor their fractions of the ceiling. The ceilings are
 // also measured once at the start (the header line and the CSV's ceiling rows).
 //
-//   pagedattn_bench [--csv PATH] [--filter decode|verify|prefill|reshape] [--reps N] [--no-flush]
+//   pagedattn_bench [--csv PATH] [--filter decode|verify|prefill|reshape|cost] [--reps N] [--no-flush]
 //                  [--small-pages] [--context N] [--isa LIST]
 // --isa avx2,avx512,avx512_bf16,amx,all runs every case once per ISA cap of the list (the attribute
 // primitive_attr::set_max_cpu_isa on both primitives), so that one run compares the implementations:
@@ -547,6 +547,96 @@ void run_reshape(config &cfg) {
     }
 }
 
+// --filter cost: the compute cost of decode per (token, kv head), in cycles, beside the bare-loop
+// ceilings of each ISA, on one thread with the cache resident in L2/L3 (no memory time to hide it).
+// The clock is measured by a chain of dependent integer adds (one per cycle on every x86 core since
+// the P6); the ceilings are loops of independent products (12 chains, more than latency x
+// throughput on any core). Decode 32/8 heads, D 128: per (token, kv head) 4 rows x 128 dims for
+// the scores and as many for the values, so 2 x 512 multiply-adds: f32 FMAs take 64 (16 lanes) or
+// 128 (8 lanes) instructions, vdpbf16ps 32 (a pair per lane).
+double cycles_per_ns() {
+    const long n = 200000000;
+    long x = 0;
+    const auto start = clock_type::now();
+    for (long i = 0; i < n; ++i)
+        asm volatile("add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0" : "+r"(x));
+    return 4.0 * n / (seconds_since(start) * 1e9);
+}
+
+// Twelve of one product instruction, into registers 0..11 of a kind: `op src1, src2, %%<kind>i`.
+// clang-format off
+#define PAGEDATTN_BENCH_PRODUCT(op, kind, i) op ", %%" kind #i "\n\t"
+#define PAGEDATTN_BENCH_TWELVE(op, kind)                                                      \
+    PAGEDATTN_BENCH_PRODUCT(op, kind, 0) PAGEDATTN_BENCH_PRODUCT(op, kind, 1)                 \
+    PAGEDATTN_BENCH_PRODUCT(op, kind, 2) PAGEDATTN_BENCH_PRODUCT(op, kind, 3)                 \
+    PAGEDATTN_BENCH_PRODUCT(op, kind, 4) PAGEDATTN_BENCH_PRODUCT(op, kind, 5)                 \
+    PAGEDATTN_BENCH_PRODUCT(op, kind, 6) PAGEDATTN_BENCH_PRODUCT(op, kind, 7)                 \
+    PAGEDATTN_BENCH_PRODUCT(op, kind, 8) PAGEDATTN_BENCH_PRODUCT(op, kind, 9)                 \
+    PAGEDATTN_BENCH_PRODUCT(op, kind, 10) PAGEDATTN_BENCH_PRODUCT(op, kind, 11)
+#define PAGEDATTN_BENCH_LOOP(op, kind)                                                        \
+    const long n = 20000000;                                                                  \
+    const auto start = clock_type::now();                                                     \
+    for (long i = 0; i < n; ++i)                                                              \
+        asm volatile(PAGEDATTN_BENCH_TWELVE(op, kind) ::: "xmm0", "xmm1", "xmm2", "xmm3",     \
+                     "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11");       \
+    return 12.0 * n / (seconds_since(start) * 1e9)
+// clang-format on
+
+// Instructions per ns of each bare loop (12 independent accumulators).
+__attribute__((target("avx2,fma"))) double ymm_fma_per_ns() {
+    PAGEDATTN_BENCH_LOOP("vfmadd231ps %%ymm14, %%ymm15", "ymm");
+}
+__attribute__((target("avx512f"))) double zmm_fma_per_ns() {
+    PAGEDATTN_BENCH_LOOP("vfmadd231ps %%zmm30, %%zmm31", "zmm");
+}
+__attribute__((target("avx512f,avx512bf16"))) double zmm_dpbf16_per_ns() {
+    PAGEDATTN_BENCH_LOOP("vdpbf16ps %%zmm30, %%zmm31", "zmm");
+}
+#undef PAGEDATTN_BENCH_LOOP
+#undef PAGEDATTN_BENCH_TWELVE
+#undef PAGEDATTN_BENCH_PRODUCT
+
+void run_cost(config &cfg) {
+    if (cfg.filter != "cost") return; // only on request: it is a diagnosis, not a ratio to a ceiling
+    const cpu_isa host = get_max_cpu_isa(), level = std::min(host, cfg.cap);
+    const double clock = median_of(5, cycles_per_ns);
+    // The product instruction of the level's kernel, and how many a (token, kv head) of decode needs.
+    const char *product = "vfmadd231ps ymm";
+    double products = 128, per_ns = 0;
+    if (level >= cpu_isa::avx512_bf16) {
+        product = "vdpbf16ps zmm", products = 32;
+        per_ns = median_of(5, zmm_dpbf16_per_ns);
+    } else if (level >= cpu_isa::avx512) {
+        product = "vfmadd231ps zmm", products = 64;
+        per_ns = median_of(5, zmm_fma_per_ns);
+    } else if (level >= cpu_isa::avx2) {
+        per_ns = median_of(5, ymm_fma_per_ns);
+    }
+    dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+    dnnl::stream s(eng);
+    const long context = 512; // 8 kv heads x 512 tokens: 1 MiB of e4m3, 2 MiB of bf16
+    std::vector<attention_case> cases;
+    cases.reserve(3);
+    for (data_type dt : { data_type::bf16, data_type::f8_e4m3, data_type::f8_e5m2 })
+        cases.emplace_back(1, 1, context, 128, dt, true, cfg.huge_pages, cfg.cap);
+    tbb::task_arena one_thread(1);
+    std::printf("cost: one thread, decode 1 x %ld in cache, clock %.2f GHz (dependent adds); bare loop: %s "
+                "%.2f per cycle, so %.0f per (token, kv head) take %.1f cycles\n",
+                context, clock, product, per_ns / std::max(clock, 1e-9), products,
+                per_ns > 0 ? products * clock / per_ns : 0.0);
+    for (attention_case &c : cases) {
+        std::vector<double> ns;
+        for (int rep = -5; rep < 10 * cfg.reps; ++rep) {
+            const auto start = clock_type::now();
+            one_thread.execute([&] { c.run(s); });
+            if (rep >= 0) ns.push_back(seconds_since(start) * 1e9);
+        }
+        const double per_pair = median(ns) / double(context * c.hkv);
+        std::printf("cost     %-8s %-16s %7.2f ns %7.1f cycles per (token, kv head)\n",
+                    data_type_name(c.cache_type), c.pd.impl_info_str(), per_pair, per_pair * clock);
+    }
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -584,7 +674,7 @@ int main(int argc, char **argv) {
             }
         } else {
             std::printf(
-                    "usage: %s [--csv PATH] [--filter decode|verify|prefill|reshape] [--reps N] "
+                    "usage: %s [--csv PATH] [--filter decode|verify|prefill|reshape|cost] [--reps N] "
                     "[--no-flush] [--small-pages] [--context N] [--isa avx2,avx512,avx512_bf16,amx,all]\n",
                     argv[0]);
             return a == "--help" ? 0 : 2;
@@ -614,6 +704,7 @@ int main(int argc, char **argv) {
             cfg.cap = cap;
             run_attention(cfg);
             run_reshape(cfg);
+            run_cost(cfg);
         }
     } catch (const pagedattn::error &e) {
         std::fprintf(stderr, "pagedattn_bench: %s\n", e.what());
