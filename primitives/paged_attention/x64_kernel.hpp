@@ -456,10 +456,12 @@ __attribute__((always_inline)) inline void packed_values_slice(const packed_valu
         const auto u = static_cast<size_t>(pair);
         return job.group[u / 8] + offset_in_group[i] + static_cast<dim>(u % 8) * 32 * job.v_size;
     };
-    R out[N][S];
+    R out[N][S], odd[N][S]; // odd: the odd token pairs' sums with pair products (below)
     for (int r = 0; r < N; ++r)
-        for (int i = 0; i < S; ++i)
+        for (int i = 0; i < S; ++i) {
             out[r][i] = V::mul(V::load(job.acc + r * job.d + (v0 + i) * width), V::set1(job.correction[r]));
+            if constexpr (pair_probabilities) odd[r][i] = V::zero();
+        }
     // Pairs every row sees: plain FMAs. At the range's edges, a token a row does not see is
     // skipped for that row, so that 0 * (a non-finite value it excludes) cannot leak in.
     const dim fast_begin = std::max(job.first_pair, (job.common_begin - job.g0 + 1) / 2);
@@ -494,33 +496,58 @@ __attribute__((always_inline)) inline void packed_values_slice(const packed_valu
                 }
         };
         if constexpr (pair_probabilities) {
+            // vdpbf16ps has a latency of several cycles (6 on Zen 5) and N x S sums (4 in decode's
+            // bf16 slices, 8 in its FP8 ones) kept it below its throughput: the odd token pairs
+            // add into a second set of sums (`odd`, merged after the slice), as many again in flight.
+            // Every address advances by a constant per token pair (values, lines prefetched,
+            // probabilities): indexed by the pair, the loop's scalar work and spills outweighed its
+            // products.
             using P = typename V::pairs;
-            auto accumulate_pairs = [&](dim pair, const P(&values)[S]) __attribute__((always_inline)) {
-                prefetch(pair);
-                for (int r = 0; r < N; ++r) {
-                    const P w = V::broadcast_pair(job.probability_pairs[r * (packed_chunk / 2) + pair]);
-                    for (int i = 0; i < S; ++i)
-                        out[r][i] = V::dot_pairs(out[r][i], w, values[i]);
+            const char *values_at[S], *prefetch_at[S];
+            const dim prefetch_step = in_order ? S * step : step;
+            for (int i = 0; i < S; ++i) {
+                values_at[i] = rows[i];
+                prefetch_at[i] = in_order ? in_order + ((group_begin - job.first_pair) * S + i) * step
+                                          : rows[i] + ahead;
+            }
+            const uint32_t *weights = job.probability_pairs + group_begin; // row r's at r * packed_chunk / 2
+            auto prefetch_next = [&]() __attribute__((always_inline)) {
+                for (int i = 0; i < S; ++i) {
+                    if (starts_line(i)) _mm_prefetch(prefetch_at[i], _MM_HINT_T1);
+                    prefetch_at[i] += prefetch_step;
                 }
             };
-            for (dim pair = group_begin; pair < group_end;) {
-                P values[S];
-                if constexpr (v_type != data_type::bf16) {
-                    if (pair + 1 < group_end) { // two pairs (64 codes, a line) decoded at a time
-                        P next[S];
-                        for (int i = 0; i < S; ++i)
-                            V::load_two_bf16_pairs(rows[i] + (pair - group_begin) * step, v_type, values[i],
-                                                   next[i]);
-                        accumulate_pairs(pair, values);
-                        accumulate_pairs(pair + 1, next);
-                        pair += 2;
-                        continue;
-                    }
+            auto accumulate_pairs = [&](const uint32_t *w, const P(&values)[S], R(&sums)[N][S])
+                    __attribute__((always_inline)) {
+                for (int r = 0; r < N; ++r) {
+                    const P weight = V::broadcast_pair(w[r * (packed_chunk / 2)]);
+                    for (int i = 0; i < S; ++i)
+                        sums[r][i] = V::dot_pairs(sums[r][i], weight, values[i]);
                 }
+            };
+            dim pair = group_begin;
+            for (; pair + 1 < group_end; pair += 2) { // two pairs (FP8: 64 codes, a line, decoded at once)
+                P values[S], next[S];
+                for (int i = 0; i < S; ++i) {
+                    if constexpr (v_type != data_type::bf16)
+                        V::load_two_bf16_pairs(values_at[i], v_type, values[i], next[i]);
+                    else
+                        values[i] = V::load_bf16_pairs(values_at[i], v_type),
+                        next[i] = V::load_bf16_pairs(values_at[i] + step, v_type);
+                    values_at[i] += 2 * step;
+                }
+                prefetch_next();
+                prefetch_next();
+                accumulate_pairs(weights, values, out);
+                accumulate_pairs(weights + 1, next, odd);
+                weights += 2;
+            }
+            if (pair < group_end) {
+                P values[S];
                 for (int i = 0; i < S; ++i)
-                    values[i] = V::load_bf16_pairs(rows[i] + (pair - group_begin) * step, v_type);
-                accumulate_pairs(pair, values);
-                ++pair;
+                    values[i] = V::load_bf16_pairs(values_at[i], v_type);
+                prefetch_next();
+                accumulate_pairs(weights, values, out);
             }
             group_begin = group_end;
             continue;
@@ -579,8 +606,10 @@ __attribute__((always_inline)) inline void packed_values_slice(const packed_valu
         }
     }
     for (int r = 0; r < N; ++r)
-        for (int i = 0; i < S; ++i)
+        for (int i = 0; i < S; ++i) {
+            if constexpr (pair_probabilities) out[r][i] = V::add(out[r][i], odd[r][i]);
             V::store(job.acc + r * job.d + (v0 + i) * width, out[r][i]);
+        }
 }
 
 // acc (N rows x D) = acc * correction + probabilities x V for one packed V group, in slices of
