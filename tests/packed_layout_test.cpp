@@ -662,6 +662,13 @@ std::vector<packed_attn_case> attn_cases() {
     v.push_back({ make_case("verify", 8, 2, 64, 16, { { 4, 333 }, { 3, 90 }, { 2, 17 } }, bf16, e4m3, hnd)
                           .scales(token, token),
                   rl::padded });
+    // Verify under a sliding window whose left edge starts the item's range at token 14 of a
+    // 16-token group (its 8th pair, odd): FP8 values staged for 16 rows from an odd first pair,
+    // with 16-token blocks, so the next pair lies in another block.
+    v.push_back({ make_case("verify_window", 8, 2, 64, 16, { { 4, 333 }, { 3, 90 } }, bf16, e4m3, hnd)
+                          .scales(token, token)
+                          .window(11, 0),
+                  rl::dense });
     // e5m2 per-token, prefill chunk.
     v.push_back({ make_case("chunk", 4, 2, 64, 32, { { 33, 250 } }, f32, e5m2, hnd).scales(token, token),
                   rl::dense });

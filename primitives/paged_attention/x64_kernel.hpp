@@ -1115,7 +1115,30 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         for (dim g = 0; g < chunk.count && v_nan_free; ++g)
             for (dim dims_group = 0; dims_group < d / 16 && v_nan_free; ++dims_group)
                 v_nan_free = e4m3_without_nan(chunk.v[g] + dims_group * 16 * bs, 8 * 32);
-        if (v_once) {
+        bool v_staged = false;
+        if constexpr (V::pair_products) {
+            // FP8 for pair products: 64 codes (two token pairs of a 16-dim row, one line) to bf16
+            // pairs by one table decode, stored as they come; the pairs from an even one on, so that
+            // an odd first pair stages its even neighbour too (never read for a row that does not
+            // see it). The generic loop below decodes 32 codes per call, splits them into f32 and
+            // merges them back, with the type looked up per call: in cache it cost FP8 verify
+            // (16 rows) more than its keys' decoding and scores together.
+            if (v_once && is_fp8(v_type)) {
+                uint16_t *staged = reinterpret_cast<uint16_t *>(v_decoded);
+                for (dim dims_group = 0; dims_group < d / 16; ++dims_group)
+                    for (dim pair = first_pair / 2 * 2; pair < end_pair; pair += 2) {
+                        const char *codes = chunk.v[pair / 8] + dims_group * 16 * bs + (pair % 8) * 32;
+                        prefetch_ahead(codes, v_ahead[pair / 8]);
+                        typename V::pairs low, high;
+                        V::load_two_bf16_pairs(codes, v_type, low, high);
+                        uint16_t *to = staged + dims_group * 16 * packed_chunk + pair * 32;
+                        V::store_pairs(to, low);
+                        V::store_pairs(to + 32, high);
+                    }
+                v_staged = true;
+            }
+        }
+        if (v_once && !v_staged) {
             for (dim dims_group = 0; dims_group < d / 16; ++dims_group)
                 for (dim pair = first_pair; pair < end_pair; ++pair)
                     for (dim sub = 0; sub < 16; sub += width) {
