@@ -456,11 +456,13 @@ __attribute__((always_inline)) inline void packed_values_slice(const packed_valu
         const auto u = static_cast<size_t>(pair);
         return job.group[u / 8] + offset_in_group[i] + static_cast<dim>(u % 8) * 32 * job.v_size;
     };
-    R out[N][S], odd[N][S]; // odd: the odd token pairs' sums with pair products (below)
+    // odd: the odd token pairs' sums with pair products, where N x S sums alone are too few (below)
+    constexpr bool odd_sums = pair_probabilities && N * S <= 8;
+    R out[N][S], odd[N][S];
     for (int r = 0; r < N; ++r)
         for (int i = 0; i < S; ++i) {
             out[r][i] = V::mul(V::load(job.acc + r * job.d + (v0 + i) * width), V::set1(job.correction[r]));
-            if constexpr (pair_probabilities) odd[r][i] = V::zero();
+            if constexpr (odd_sums) odd[r][i] = V::zero();
         }
     // Pairs every row sees: plain FMAs. At the range's edges, a token a row does not see is
     // skipped for that row, so that 0 * (a non-finite value it excludes) cannot leak in.
@@ -497,8 +499,9 @@ __attribute__((always_inline)) inline void packed_values_slice(const packed_valu
         };
         if constexpr (pair_probabilities) {
             // vdpbf16ps has a latency of several cycles (6 on Zen 5) and N x S sums (4 in decode's
-            // bf16 slices, 8 in its FP8 ones) kept it below its throughput: the odd token pairs
-            // add into a second set of sums (`odd`, merged after the slice), as many again in flight.
+            // bf16 slices, 8 in its FP8 ones) kept it below its throughput: there the odd token
+            // pairs add into a second set of sums (`odd`, merged after the slice), as many again in
+            // flight. Not with 16 sums already (8-row passes): 32 spilled to the stack.
             // Every address advances by a constant per token pair (values, lines prefetched,
             // probabilities): indexed by the pair, the loop's scalar work and spills outweighed its
             // products.
@@ -539,7 +542,10 @@ __attribute__((always_inline)) inline void packed_values_slice(const packed_valu
                 prefetch_next();
                 prefetch_next();
                 accumulate_pairs(weights, values, out);
-                accumulate_pairs(weights + 1, next, odd);
+                if constexpr (odd_sums)
+                    accumulate_pairs(weights + 1, next, odd);
+                else
+                    accumulate_pairs(weights + 1, next, out);
                 weights += 2;
             }
             if (pair < group_end) {
@@ -607,7 +613,7 @@ __attribute__((always_inline)) inline void packed_values_slice(const packed_valu
     }
     for (int r = 0; r < N; ++r)
         for (int i = 0; i < S; ++i) {
-            if constexpr (pair_probabilities) out[r][i] = V::add(out[r][i], odd[r][i]);
+            if constexpr (odd_sums) out[r][i] = V::add(out[r][i], odd[r][i]);
             V::store(job.acc + r * job.d + (v0 + i) * width, out[r][i]);
         }
 }
