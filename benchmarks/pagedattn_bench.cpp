@@ -553,7 +553,8 @@ void run_reshape(config &cfg) {
 // the P6); the ceilings are loops of independent products (12 chains, more than latency x
 // throughput on any core). Decode 32/8 heads, D 128: per (token, kv head) 4 rows x 128 dims for
 // the scores and as many for the values, so 2 x 512 multiply-adds: f32 FMAs take 64 (16 lanes) or
-// 128 (8 lanes) instructions, vdpbf16ps 32 (a pair per lane).
+// 128 (8 lanes) instructions, vdpbf16ps 32 (a pair per lane). Verify (4 query tokens) takes 4 times
+// as many.
 double cycles_per_ns() {
     const long n = 200000000;
     long x = 0;
@@ -618,29 +619,34 @@ void run_cost(config &cfg) {
     // (argument checks, the plan, the rows' set-up and output) cancel, leaving what a long context
     // pays per token. 8 kv heads x 768 tokens: 3 MiB of bf16, L3-resident.
     const long short_context = 256, long_context = 768;
-    std::printf("cost: one thread, decode of 1 x %ld and 1 x %ld tokens in cache, clock %.2f GHz (dependent "
-                "adds); bare loop: %s %.2f per cycle, so %.0f per (token, kv head) take %.1f cycles\n",
-                short_context, long_context, clock, product, per_ns / std::max(clock, 1e-9), products,
-                per_ns > 0 ? products * clock / per_ns : 0.0);
+    std::printf(
+            "cost: one thread, 1 x %ld and 1 x %ld tokens in cache, clock %.2f GHz (dependent adds); bare "
+            "loop: %s %.2f per cycle, so decode's %.0f per (token, kv head) take %.1f cycles (verify: 4 x)\n",
+            short_context, long_context, clock, product, per_ns / std::max(clock, 1e-9), products,
+            per_ns > 0 ? products * clock / per_ns : 0.0);
     tbb::task_arena one_thread(1);
-    for (data_type dt : { data_type::bf16, data_type::f8_e4m3, data_type::f8_e5m2 }) {
-        std::vector<attention_case> cases;
-        cases.reserve(2);
-        for (long context : { short_context, long_context })
-            cases.emplace_back(1, 1, context, 128, dt, true, cfg.huge_pages, cfg.cap);
-        std::vector<double> ns[2];
-        for (int rep = -5; rep < 10 * cfg.reps; ++rep)
-            for (int i = 0; i < 2; ++i) { // alternating, so that drift biases neither
-                const auto start = clock_type::now();
-                one_thread.execute([&] { cases[i].run(s); });
-                if (rep >= 0) ns[i].push_back(seconds_since(start) * 1e9);
-            }
-        const double per_pair =
-                (median(ns[1]) - median(ns[0])) / double((long_context - short_context) * cases[0].hkv);
-        const double fixed = median(ns[0]) - per_pair * double(short_context * cases[0].hkv);
-        std::printf("cost     %-8s %-16s %7.2f ns %7.1f cycles per (token, kv head), %6.2f us per call\n",
-                    data_type_name(dt), cases[0].pd.impl_info_str(), per_pair, per_pair * clock, fixed / 1e3);
-    }
+    // Decode (q_len 1) and speculative verify (q_len 4: 16 rows per kv head, 4 x the products).
+    for (long q_len : { 1L, 4L })
+        for (data_type dt : { data_type::bf16, data_type::f8_e4m3, data_type::f8_e5m2 }) {
+            std::vector<attention_case> cases;
+            cases.reserve(2);
+            for (long context : { short_context, long_context })
+                cases.emplace_back(1, q_len, context, 128, dt, true, cfg.huge_pages, cfg.cap);
+            std::vector<double> ns[2];
+            for (int rep = -5; rep < 10 * cfg.reps; ++rep)
+                for (int i = 0; i < 2; ++i) { // alternating, so that drift biases neither
+                    const auto start = clock_type::now();
+                    one_thread.execute([&] { cases[i].run(s); });
+                    if (rep >= 0) ns[i].push_back(seconds_since(start) * 1e9);
+                }
+            const double per_pair =
+                    (median(ns[1]) - median(ns[0])) / double((long_context - short_context) * cases[0].hkv);
+            const double fixed = median(ns[0]) - per_pair * double(short_context * cases[0].hkv);
+            std::printf("cost     %-6s %-8s %-16s %7.2f ns %7.1f cycles per (token, kv head), %6.2f us per "
+                        "call\n",
+                        q_len == 1 ? "decode" : "verify", data_type_name(dt), cases[0].pd.impl_info_str(),
+                        per_pair, per_pair * clock, fixed / 1e3);
+        }
 }
 
 } // namespace
