@@ -781,7 +781,9 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                      const work_item &item, float *scratch, float *partial) {
     using R = typename V::reg;
     constexpr int width = V::width;
-    constexpr dim row_block = 4; // rows whose scores stay in registers
+    // Rows whose scores stay in registers per pass of f32 products: 8 with 32 vector registers
+    // (each key loaded and converted once for 8 rows: verify's 16 rows in 2 passes, not 4), 4 with 16.
+    constexpr dim row_block = width == 16 ? 8 : 4;
     constexpr float minus_infinity = -std::numeric_limits<float>::infinity();
     const scratch_layout layout(p, V::tile_products);
     const auto &o = p.options;
@@ -986,12 +988,18 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                 r0 += n;
             }
         } else {
-            for (dim r0 = 0; r0 < rows; r0 += row_block) {
+            for (dim r0 = 0, n; r0 < rows; r0 += n) {
+                n = rows - r0 >= row_block ? row_block : std::min<dim>(4, rows - r0);
                 const float *qr = q + r0 * d;
                 for (dim g = 0; g < tokens / 16; ++g) {
                     const char *k_group = k_group_of(g);
                     float *out = probability + r0 * packed_chunk + g * 16;
-                    switch (std::min(row_block, rows - r0)) {
+                    switch (n) {
+                        case 8:
+                            if constexpr (row_block == 8)
+                                packed_scores_of<V, 8>(k_source_type, k_nan_free, k_group, k_source_size, qr,
+                                                       d, out, packed_chunk, k_once ? 0 : k_ahead[g]);
+                            break;
                         case 4:
                             packed_scores_of<V, 4>(k_source_type, k_nan_free, k_group, k_source_size, qr, d,
                                                    out, packed_chunk, k_once ? 0 : k_ahead[g]);
