@@ -312,15 +312,16 @@ void packed_scores(const char *k_group, dim k_size, const float *q, dim d, float
                                                     first[v], second[v]);
             for (dim line = 0; line < pair_bytes; line += 64)
                 prefetch_ahead(k_group + pair * pair_bytes + line, ahead);
-            constexpr int c_first = 0, c_second = chains > 1 ? 1 : 0;
+            // the first of the pair into chain c, the second into c + 1 (one chain: both into 0)
+            constexpr int second_offset = chains > 1 ? 1 : 0;
             const int c = chains == 4 ? 2 * h : 0;
             for (int r = 0; r < N; ++r) {
                 const R q0 = V::set1(q[r * d + 2 * pair]);
                 for (int v = 0; v < lanes; ++v)
-                    s[r][v][c + c_first] = V::fma(q0, first[v], s[r][v][c + c_first]);
+                    s[r][v][c] = V::fma(q0, first[v], s[r][v][c]);
                 const R q1 = V::set1(q[r * d + 2 * pair + 1]);
                 for (int v = 0; v < lanes; ++v)
-                    s[r][v][c + c_second] = V::fma(q1, second[v], s[r][v][c + c_second]);
+                    s[r][v][c + second_offset] = V::fma(q1, second[v], s[r][v][c + second_offset]);
             }
         }
     for (int r = 0; r < N; ++r)
@@ -488,38 +489,31 @@ __attribute__((always_inline)) inline void packed_values_slice(const packed_valu
         // (pair x S + i)-th, so the memory sees one stream instead of S interleaved ones.
         const char *in_order =
                 job.next_region ? job.next_region + (v0 * width / 16) * job.dims_group_stride : nullptr;
-        auto prefetch = [&](dim pair) __attribute__((always_inline)) {
-            for (int i = 0; i < S; ++i)
-                if (starts_line(i)) {
-                    if (in_order)
-                        _mm_prefetch(in_order + ((pair - job.first_pair) * S + i) * step, _MM_HINT_T1);
-                    else
-                        prefetch_ahead(rows[i] + (pair - group_begin) * step, ahead);
-                }
+        // The lines prefetched advance by a constant per token pair, the pairs being walked in
+        // order from group_begin (indexed by the pair, the loop's scalar work and spills had
+        // outweighed its products).
+        const char *prefetch_at[S];
+        const dim prefetch_step = in_order ? S * step : step;
+        for (int i = 0; i < S; ++i)
+            prefetch_at[i] =
+                    in_order ? in_order + ((group_begin - job.first_pair) * S + i) * step : rows[i] + ahead;
+        auto prefetch_next = [&]() __attribute__((always_inline)) {
+            for (int i = 0; i < S; ++i) {
+                if (starts_line(i)) _mm_prefetch(prefetch_at[i], _MM_HINT_T1);
+                prefetch_at[i] += prefetch_step;
+            }
         };
         if constexpr (pair_probabilities) {
             // vdpbf16ps has a latency of several cycles (6 on Zen 5) and N x S sums (4 in decode's
             // bf16 slices, 8 in its FP8 ones) kept it below its throughput: there the odd token
             // pairs add into a second set of sums (`odd`, merged after the slice), as many again in
             // flight. Not with 16 sums already (8-row passes): 32 spilled to the stack.
-            // Every address advances by a constant per token pair (values, lines prefetched,
-            // probabilities): indexed by the pair, the loop's scalar work and spills outweighed its
-            // products.
+            // The values and probabilities advance by a constant per token pair too.
             using P = typename V::pairs;
-            const char *values_at[S], *prefetch_at[S];
-            const dim prefetch_step = in_order ? S * step : step;
-            for (int i = 0; i < S; ++i) {
+            const char *values_at[S];
+            for (int i = 0; i < S; ++i)
                 values_at[i] = rows[i];
-                prefetch_at[i] = in_order ? in_order + ((group_begin - job.first_pair) * S + i) * step
-                                          : rows[i] + ahead;
-            }
             const uint32_t *weights = job.probability_pairs + group_begin; // row r's at r * packed_chunk / 2
-            auto prefetch_next = [&]() __attribute__((always_inline)) {
-                for (int i = 0; i < S; ++i) {
-                    if (starts_line(i)) _mm_prefetch(prefetch_at[i], _MM_HINT_T1);
-                    prefetch_at[i] += prefetch_step;
-                }
-            };
             auto accumulate_pairs = [&](const uint32_t *w, const P(&values)[S], R(&sums)[N][S])
                     __attribute__((always_inline)) {
                 for (int r = 0; r < N; ++r) {
@@ -560,7 +554,7 @@ __attribute__((always_inline)) inline void packed_values_slice(const packed_valu
         }
         auto accumulate = [&](dim pair, const R(&first)[S], const R(&second)[S])
                 __attribute__((always_inline)) {
-            prefetch(pair);
+            prefetch_next(); // (pairs in order: each call is the next pair's)
             for (int r = 0; r < N; ++r) {
                 // Each broadcast used at once, and each FMA adding into its accumulator in place
                 // (nested FMAs made the compiler copy a broadcast per row).
