@@ -458,7 +458,8 @@ void run_attention(config &cfg) {
 // reshape_and_cache of `tokens` bf16 keys and values into a cache of type dt (FP8 with per-token
 // scales, computed from each row as vLLM's dynamic scales are).
 struct reshape_case {
-    static constexpr dim tokens = 4096, hkv = 8, d = 128, bs = 128, blocks = tokens / bs;
+    static constexpr dim hkv = 8, d = 128, bs = 128;
+    dim tokens, blocks;
     data_type cache_type;
     reshape_and_cache::primitive_desc pd;
     reshape_and_cache primitive;
@@ -466,9 +467,10 @@ struct reshape_case {
     std::vector<float> k_scales, v_scales;
     exec_args args;
 
-    reshape_case(data_type dt, const big_array<uint16_t> &key, const big_array<uint16_t> &value,
+    // key, value: at least `tokens` rows; slots: 0, 1, ...
+    reshape_case(dim tokens_, data_type dt, const big_array<uint16_t> &key, const big_array<uint16_t> &value,
                  const std::vector<int64_t> &slots, bool huge_pages, cpu_isa cap)
-        : cache_type(dt) {
+        : tokens(tokens_), blocks((tokens_ + bs - 1) / bs), cache_type(dt) {
         dnnl::engine eng(dnnl::engine::kind::cpu, 0);
         primitive_attr attr;
         attr.set_max_cpu_isa(cap);
@@ -503,25 +505,35 @@ struct reshape_case {
     }
 };
 
+// bf16 keys or values for `tokens` tokens of reshape_case's shape: random signs, |x| in [2^-7, 2).
+big_array<uint16_t> reshape_input(dim tokens, unsigned seed, bool huge_pages) {
+    const size_t elements = static_cast<size_t>(tokens * reshape_case::hkv * reshape_case::d);
+    big_array<uint16_t> x(elements, huge_pages);
+    std::mt19937 rng(seed);
+    for (size_t i = 0; i < elements; ++i)
+        x[i] = static_cast<uint16_t>(0x3C00 | (rng() & 0x3FF) | (rng() & 0x8000));
+    return x;
+}
+
+std::vector<int64_t> identity_slots(dim tokens) {
+    std::vector<int64_t> slots(static_cast<size_t>(tokens));
+    for (dim t = 0; t < tokens; ++t)
+        slots[static_cast<size_t>(t)] = t;
+    return slots;
+}
+
 void run_reshape(config &cfg) {
     if (!cfg.wants("reshape")) return;
     dnnl::engine eng(dnnl::engine::kind::cpu, 0);
     dnnl::stream s(eng);
-    const dim tokens = reshape_case::tokens;
-    const size_t elements = static_cast<size_t>(tokens * reshape_case::hkv * reshape_case::d);
-    big_array<uint16_t> key(elements, cfg.huge_pages), value(elements, cfg.huge_pages);
-    std::mt19937 rng(5);
-    for (size_t i = 0; i < elements; ++i)
-        key[i] = static_cast<uint16_t>(0x3C00 | (rng() & 0x3FF) | (rng() & 0x8000));
-    for (size_t i = 0; i < elements; ++i)
-        value[i] = static_cast<uint16_t>(0x3C00 | (rng() & 0x3FF) | (rng() & 0x8000));
-    std::vector<int64_t> slots(static_cast<size_t>(tokens));
-    for (dim t = 0; t < tokens; ++t)
-        slots[static_cast<size_t>(t)] = t;
+    const dim tokens = 4096;
+    const big_array<uint16_t> key = reshape_input(tokens, 5, cfg.huge_pages),
+                              value = reshape_input(tokens, 6, cfg.huge_pages);
+    const std::vector<int64_t> slots = identity_slots(tokens);
     std::vector<reshape_case> cases;
     cases.reserve(2);
     for (data_type dt : { data_type::bf16, data_type::f8_e4m3 })
-        cases.emplace_back(dt, key, value, slots, cfg.huge_pages, cfg.cap);
+        cases.emplace_back(tokens, dt, key, value, slots, cfg.huge_pages, cfg.cap);
     std::vector<std::function<void()>> runs;
     for (reshape_case &c : cases)
         runs.push_back([&c, &s] { c.primitive.execute(s, c.args); });
@@ -647,6 +659,32 @@ void run_cost(config &cfg) {
                         q_len == 1 ? "decode" : "verify", data_type_name(dt), cases[0].pd.impl_info_str(),
                         per_pair, per_pair * clock, fixed / 1e3);
         }
+    // reshape_and_cache of bf16 rows (prefill's whole 16-token groups), per (token, kv head): one K
+    // and one V row of 128 values, so 16 vectors of 16 values. 64 and 192 tokens: 768 KiB of input.
+    const dim short_tokens = 64, long_tokens = 192;
+    const big_array<uint16_t> key = reshape_input(long_tokens, 5, cfg.huge_pages),
+                              value = reshape_input(long_tokens, 6, cfg.huge_pages);
+    const std::vector<int64_t> slots = identity_slots(long_tokens);
+    for (data_type dt : { data_type::bf16, data_type::f8_e4m3, data_type::f8_e5m2 }) {
+        std::vector<reshape_case> cases;
+        cases.reserve(2);
+        for (dim tokens : { short_tokens, long_tokens })
+            cases.emplace_back(tokens, dt, key, value, slots, cfg.huge_pages, cfg.cap);
+        std::vector<double> ns[2];
+        for (int rep = -20; rep < 400 * cfg.reps; ++rep)
+            for (int i = 0; i < 2; ++i) {
+                const auto start = clock_type::now();
+                one_thread.execute([&] { cases[i].primitive.execute(s, cases[i].args); });
+                if (rep >= 0) ns[i].push_back(seconds_since(start) * 1e9);
+            }
+        const double per_pair = (*std::min_element(ns[1].begin(), ns[1].end()) -
+                                 *std::min_element(ns[0].begin(), ns[0].end())) /
+                                double((long_tokens - short_tokens) * reshape_case::hkv);
+        std::printf(
+                "cost     %-6s %-8s %-16s %7.2f ns %7.1f cycles per (token, kv head), %6.1f per 16 values\n",
+                "reshape", data_type_name(dt), cases[0].pd.impl_info_str(), per_pair, per_pair * clock,
+                per_pair * clock / 16);
+    }
 }
 
 } // namespace

@@ -522,13 +522,15 @@ TEST(every_implementation_groups, consecutive_slots_fill_packed_groups) {
     slots.push_back(0);      // as make_inputs: one spare entry
     const dim nb = (slots[t - 1] + bs) / bs + 1;
     // Inputs: bf16 keys and f32 values, head size 128 (32 reduced); f16 keys and bf16 values, head
-    // size 48 (the 16-bit rows' vectors end part-way: 48 = 32 + 16).
+    // size 48 (the 16-bit rows' vectors end part-way: 48 = 32 + 16); bf16 keys and values, head size
+    // 112 (80 reduced): a 64-dim part that x64:avx512 writes with 512-bit transposes, and the rest.
     struct inputs {
         data_type key, value;
         dim d;
     };
     for (const inputs in : { inputs { data_type::bf16, data_type::f32, reduced() ? 32 : 128 },
-                             inputs { data_type::f16, data_type::bf16, 48 } })
+                             inputs { data_type::f16, data_type::bf16, 48 },
+                             inputs { data_type::bf16, data_type::bf16, reduced() ? 80 : 112 } })
         for (data_type cache_dt :
              { data_type::f32, data_type::bf16, data_type::f16, data_type::f8_e4m3, data_type::f8_e5m2 }) {
             const int mask = detail::is_fp8(cache_dt) ? scales_per_token : -1;
