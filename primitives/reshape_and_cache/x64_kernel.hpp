@@ -183,10 +183,14 @@ template <> struct codec<avx512_f32> : avx512_f32 {
         __m512i m[16];
         for (int j = 0; j < 16; ++j) { // each row's 32 lanes of maxima (the shift: |x| = 0)
             const auto *in = reinterpret_cast<const uint16_t *>(src + j * stride);
-            __m512i best = shift;
+            __m512i best = shift, second = shift; // two chains, two loads per iteration
             dim i = 0;
-            for (; i + 32 <= n; i += 32)
+            for (; i + 64 <= n; i += 64) {
                 best = _mm512_max_epi16(best, key(_mm512_loadu_si512(in + i)));
+                second = _mm512_max_epi16(second, key(_mm512_loadu_si512(in + i + 32)));
+            }
+            best = _mm512_max_epi16(best, second);
+            if (i + 32 <= n) best = _mm512_max_epi16(best, key(_mm512_loadu_si512(in + i))), i += 32;
             if (i < n) // masked-off lanes load 0, whose key is the shift
                 best = _mm512_max_epi16(
                         best,
@@ -778,6 +782,7 @@ void store_group(const reshape_and_cache_problem &p, const reshape_and_cache_arg
     if (next_t0 >= 0)
         for (dim j = 0; j < packed_group; ++j) {
             const char *next = in + ((next_t0 + j) * token_stride + next_head * head_stride) * in_es;
+#pragma GCC unroll 4
             for (dim byte = 0; byte < n * in_es; byte += 64)
                 _mm_prefetch(next + byte, _MM_HINT_T0);
         }
@@ -791,9 +796,14 @@ void store_group(const reshape_and_cache_problem &p, const reshape_and_cache_arg
             // row_scale's per-token scales of the 16 rows at once (they are contiguous).
             codec<V>::amax_16bit_rows(input_row(0), token_stride * in_es, in_type, n, row_scales);
             float *group_scales = scales + (block * p.kv_heads + head) * p.block_size + offset0;
-            const float largest = fp8_max(dt);
-            for (dim j = 0; j < packed_group; ++j)
-                group_scales[j] = row_scales[j] = token_scale(row_scales[j], largest);
+            // token_scale in vectors (a division per lane is the scalar one's, bit for bit).
+            using reg = typename V::reg;
+            const reg largest = V::set1(fp8_max(dt)), smallest = V::set1(FLT_MIN);
+            for (dim j = 0; j < packed_group; j += V::width) {
+                const reg scale = V::max(codec<V>::div(V::load(row_scales + j), largest), smallest);
+                V::store(row_scales + j, scale);
+                V::store(group_scales + j, scale);
+            }
         } else {
             for (dim j = 0; j < packed_group; ++j)
                 row_scales[j] = row_scale(p, 0.f, is_value, scales, block, head, offset0 + j);
