@@ -507,7 +507,7 @@ TEST(every_implementation_edges, odd_head_sizes_and_token_counts) {
 // 16-token group of a packed block (written together by the x64 kernel) and often do not: runs
 // starting mid-group and mid-block, a run crossing blocks, a group holding a skipped token, a
 // group holding a token whose slot a later token takes, and groups cut where the kernel's task of
-// 256 tokens ends. Every cache type, per-token scales for FP8.
+// 256 tokens ends. Every cache type, per-token and per-tensor scales for FP8.
 TEST(every_implementation_groups, consecutive_slots_fill_packed_groups) {
     const dim bs = 32, t = 300;
     std::vector<int64_t> slots;
@@ -532,14 +532,17 @@ TEST(every_implementation_groups, consecutive_slots_fill_packed_groups) {
                              inputs { data_type::f16, data_type::bf16, 48 },
                              inputs { data_type::bf16, data_type::bf16, reduced() ? 80 : 112 } })
         for (data_type cache_dt :
-             { data_type::f32, data_type::bf16, data_type::f16, data_type::f8_e4m3, data_type::f8_e5m2 }) {
-            const int mask = detail::is_fp8(cache_dt) ? scales_per_token : -1;
-            const e2e_case c { cache_dt, in.key, in.value, cache_kind::packed, mask, mask, t, 2, in.d,
-                               bs,       nb,     false };
-            SCOPED_TRACE(case_name(c));
-            const std::vector<std::string> ran = compare_with_reference(c, 5u, &slots);
-            EXPECT_EQ(contains(ran, "x64:avx2"), runs(cpu_isa::avx2));
-        }
+             { data_type::f32, data_type::bf16, data_type::f16, data_type::f8_e4m3, data_type::f8_e5m2 })
+            // FP8: per-token scales, and a per-tensor one that values exceed (saturating codes).
+            for (int mask : detail::is_fp8(cache_dt)
+                                    ? std::vector<int> { scales_per_token, scales_per_tensor }
+                                    : std::vector<int> { -1 }) {
+                const e2e_case c { cache_dt, in.key, in.value, cache_kind::packed, mask, mask, t, 2, in.d,
+                                   bs,       nb,     false };
+                SCOPED_TRACE(case_name(c));
+                const std::vector<std::string> ran = compare_with_reference(c, 5u, &slots);
+                EXPECT_EQ(contains(ran, "x64:avx2"), runs(cpu_isa::avx2));
+            }
 }
 
 } // namespace

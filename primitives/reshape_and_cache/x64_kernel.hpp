@@ -66,9 +66,9 @@ template <typename V> struct codec;
 // only changes the format. |y| is clamped at the largest finite value (+inf saturates); a NaN passes
 // the min (its second operand) and the arithmetic as a NaN, whose f16 code lies above the format's
 // NaN code.
-template <typename C, bool is_e4m3> auto fp8_grid_f16(typename C::reg y) {
+template <typename C, bool is_e4m3, bool is_magnitude = false> auto fp8_grid_f16(typename C::reg y) {
     using F = fp8_format<is_e4m3>;
-    const auto magnitude = C::from_bits(C::and_bits(C::bits(y), C::set1i(0x7FFFFFFF)));
+    const auto magnitude = is_magnitude ? y : C::from_bits(C::and_bits(C::bits(y), C::set1i(0x7FFFFFFF)));
     const auto clamped = C::min(C::set1(F::max_f16_domain), magnitude);
     const auto exponent = C::max_bits(C::and_bits(C::bits(clamped), C::set1i(0x7F800000)),
                                       C::set1i(0x38800000)); // 2^-14, f16's smallest normal
@@ -161,6 +161,30 @@ template <> struct codec<avx512_f32> : avx512_f32 {
                 _mm256_min_epu8(_mm512_cvtepi16_epi8(_mm512_srli_epi16(h, is_e4m3 ? 7 : 8)),
                                 _mm256_set1_epi8(static_cast<char>(F::nan_code)));
         // magnitudes <= 0x7F: adding the sign bit sets it (one masked operation)
+        return _mm256_mask_add_epi8(magnitudes, negative, magnitudes,
+                                    _mm256_set1_epi8(static_cast<char>(0x80)));
+    }
+    /// The FP8 codes of 32 bf16 values at p divided by `divisor` (then by 256 where then_by_256).
+    /// Unpacking the magnitudes' words with zeros makes them f32 without a shift, per 128-bit lane
+    /// L: elements 8L .. 8L + 3 in the first vector, 8L + 4 .. 8L + 7 in the second; packing the two
+    /// vectors' codes per lane and a shuffle of 32-bit groups restores the order. Per 32 values 2
+    /// vector operations fewer than widening, shifting and taking |x| of each vector, and 2 of the
+    /// shifts and shuffles (two pipes on Zen 5) become unpacks (four pipes): ~12% less time.
+    template <bool is_e4m3, bool then_by_256> static __m256i fp8_codes32_bf16(const char *p, reg divisor) {
+        using F = fp8_format<is_e4m3>;
+        const ireg raw = _mm512_loadu_si512(p);
+        const __mmask32 negative = _mm512_movepi16_mask(raw);
+        const ireg magnitude = _mm512_and_si512(raw, _mm512_set1_epi16(0x7FFF));
+        auto grid = [&](ireg words) {
+            reg q = div(_mm512_castsi512_ps(words), divisor);
+            if (then_by_256) q = mul(q, set1(1.f / 256.f));
+            return _mm256_srli_epi16(fp8_grid_f16<codec, is_e4m3, true>(q), is_e4m3 ? 7 : 8);
+        };
+        const __m256i low = grid(_mm512_unpacklo_epi16(_mm512_setzero_si512(), magnitude)),
+                      high = grid(_mm512_unpackhi_epi16(_mm512_setzero_si512(), magnitude));
+        // Per lane: low's 8 codes (elements 0-3, 8-11 of the lane's 16), high's (4-7, 12-15).
+        const __m256i ordered = _mm256_shuffle_epi32(_mm256_packus_epi16(low, high), _MM_SHUFFLE(3, 1, 2, 0));
+        const __m256i magnitudes = _mm256_min_epu8(ordered, _mm256_set1_epi8(static_cast<char>(F::nan_code)));
         return _mm256_mask_add_epi8(magnitudes, negative, magnitudes,
                                     _mm256_set1_epi8(static_cast<char>(0x80)));
     }
@@ -327,8 +351,9 @@ template <> struct codec<avx2_f32> : avx2_f32 {
 /// FP8 codes of x[i] / scale for n values (n a multiple of C::width; `load(i)`: x[i ..] as f32),
 /// 32 at a time by C::fp8_codes32, the last 8 to 24 through zero vectors and a buffer.
 /// `words16`: the input again when it is bf16 or f16 (else null), whose top bits give the signs
-/// where the codec can take them (C::signs_from_16bit).
-template <typename C, bool is_e4m3, bool then_by_256, typename Load>
+/// where the codec can take them (C::signs_from_16bit); bf16 words (is_bf16) it encodes from the
+/// words themselves (C::fp8_codes32_bf16).
+template <typename C, bool is_e4m3, bool then_by_256, bool is_bf16, typename Load>
 __attribute__((always_inline)) inline void encode_fp8_divided(Load load, dim n, typename C::reg divisor,
                                                               char *dst, const char *words16) {
     using reg = typename C::reg;
@@ -337,6 +362,12 @@ __attribute__((always_inline)) inline void encode_fp8_divided(Load load, dim n, 
         return then_by_256 ? C::mul(q, C::set1(1.f / 256.f)) : q;
     };
     dim i = 0;
+    if constexpr (C::signs_from_16bit && is_bf16)
+        if (words16)
+            for (; i + 32 <= n; i += 32)
+                _mm256_storeu_si256(
+                        reinterpret_cast<__m256i *>(dst + i),
+                        C::template fp8_codes32_bf16<is_e4m3, then_by_256>(words16 + 2 * i, divisor));
     if constexpr (C::signs_from_16bit)
         if (words16)
             for (; i + 32 <= n; i += 32)
@@ -356,7 +387,7 @@ __attribute__((always_inline)) inline void encode_fp8_divided(Load load, dim n, 
     std::memcpy(dst + i, codes, static_cast<size_t>(n - i));
 }
 
-template <typename C, bool is_e4m3, typename Load>
+template <typename C, bool is_e4m3, bool is_bf16 = false, typename Load>
 __attribute__((always_inline)) inline void encode_fp8_loaded(Load load, dim n, float scale, char *dst,
                                                              const char *words16) {
     // e4m3 divides by scale * 2^8 (exact) to land in the f16 domain of fp8_grid_f16: the quotient
@@ -364,9 +395,9 @@ __attribute__((always_inline)) inline void encode_fp8_loaded(Load load, dim n, f
     // elsewhere). A scale whose 2^8 multiple overflows divides by itself and multiplies after.
     const float shifted = is_e4m3 ? scale * 256.f : scale;
     if (shifted <= FLT_MAX)
-        encode_fp8_divided<C, is_e4m3, false>(load, n, C::set1(shifted), dst, words16);
+        encode_fp8_divided<C, is_e4m3, false, is_bf16>(load, n, C::set1(shifted), dst, words16);
     else
-        encode_fp8_divided<C, is_e4m3, true>(load, n, C::set1(scale), dst, words16);
+        encode_fp8_divided<C, is_e4m3, true, is_bf16>(load, n, C::set1(scale), dst, words16);
 }
 
 /// The FP8 codes of n values of type in_type (f32, bf16, f16) x[i] / scale.
@@ -374,38 +405,44 @@ template <typename C>
 void encode_fp8(const void *src, data_type in_type, dim n, float scale, bool is_e4m3, void *dst) {
     const auto *in = static_cast<const char *>(src);
     char *out = static_cast<char *>(dst);
-    auto encode = [&](auto load, const char *words16) {
-        is_e4m3 ? encode_fp8_loaded<C, true>(load, n, scale, out, words16)
-                : encode_fp8_loaded<C, false>(load, n, scale, out, words16);
+    auto encode = [&](auto load, const char *words16, auto is_bf16) {
+        is_e4m3 ? encode_fp8_loaded<C, true, decltype(is_bf16)::value>(load, n, scale, out, words16)
+                : encode_fp8_loaded<C, false, decltype(is_bf16)::value>(load, n, scale, out, words16);
     };
     switch (in_type) {
-        case data_type::bf16: encode([in](dim i) { return C::load_bf16(in + 2 * i); }, in); break;
-        case data_type::f16: encode([in](dim i) { return C::load_f16(in + 2 * i); }, in); break;
+        case data_type::bf16:
+            encode([in](dim i) { return C::load_bf16(in + 2 * i); }, in, std::true_type());
+            break;
+        case data_type::f16:
+            encode([in](dim i) { return C::load_f16(in + 2 * i); }, in, std::false_type());
+            break;
         default:
-            encode([in](dim i) { return C::load(reinterpret_cast<const float *>(in) + i); }, nullptr);
+            encode([in](dim i) { return C::load(reinterpret_cast<const float *>(in) + i); }, nullptr,
+                   std::false_type());
             break;
     }
 }
 
 /// encode_fp8 of 16 rows of bf16 or f16 values, `stride` bytes apart, each by its scale, into rows of
-/// n codes side by side at dst: one dispatch for the group, so that the rows share one loop whose
-/// constants are set up once (row by row, the set-up and calls took ~1/5 of the encoding).
+/// n codes side by side at dst: one dispatch for the group and one loop over its rows.
 template <typename C>
 void encode_rows_fp8(const char *src, dim stride, data_type in_type, dim n, const float *scales, bool is_e4m3,
                      char *dst) {
-    auto encode = [&](auto format, auto load) {
+    auto encode = [&](auto format, auto load, auto is_bf16) {
         for (dim j = 0; j < packed_group; ++j) {
             const char *in = src + j * stride;
-            encode_fp8_loaded<C, decltype(format)::value>([&](dim i) { return load(in + 2 * i); }, n,
-                                                          scales[j], dst + j * n, in);
+            encode_fp8_loaded<C, decltype(format)::value, decltype(is_bf16)::value>(
+                    [&](dim i) { return load(in + 2 * i); }, n, scales[j], dst + j * n, in);
         }
     };
     auto bf16 = [](const char *x) { return C::load_bf16(x); };
     auto f16 = [](const char *x) { return C::load_f16(x); };
     if (is_e4m3)
-        in_type == data_type::bf16 ? encode(std::true_type(), bf16) : encode(std::true_type(), f16);
+        in_type == data_type::bf16 ? encode(std::true_type(), bf16, std::true_type())
+                                   : encode(std::true_type(), f16, std::false_type());
     else
-        in_type == data_type::bf16 ? encode(std::false_type(), bf16) : encode(std::false_type(), f16);
+        in_type == data_type::bf16 ? encode(std::false_type(), bf16, std::true_type())
+                                   : encode(std::false_type(), f16, std::false_type());
 }
 
 /// Encodes n values (n a multiple of V::width) into cache type dt: FP8 encodes src / scale, the other
