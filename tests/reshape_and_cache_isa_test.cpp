@@ -201,13 +201,14 @@ struct e2e_case {
     int k_mask, v_mask; // -1: none
     dim t, h, d, bs, nb;
     bool slots32;
+    bool finite = false; // inputs without NaN and inf (x64:avx512's finite bf16 groups skip the clamp)
 };
 
 std::string case_name(const e2e_case &c) {
     return std::string(dt_str(c.key_dt)) + "/" + dt_str(c.value_dt) + "_to_" + dt_str(c.cache_dt) + "_" +
            kind_str(c.kind) + "_k" + std::to_string(c.k_mask) + "_v" + std::to_string(c.v_mask) + "_t" +
            std::to_string(c.t) + "_h" + std::to_string(c.h) + "_d" + std::to_string(c.d) + "_bs" +
-           std::to_string(c.bs) + (c.slots32 ? "_s32" : "_s64");
+           std::to_string(c.bs) + (c.slots32 ? "_s32" : "_s64") + (c.finite ? "_finite" : "");
 }
 
 // A [T, H, D] input with padded token and head strides: values from a pool of ordinary numbers, +-300
@@ -222,7 +223,8 @@ struct input_tensor {
     }
 };
 
-input_tensor make_input(data_type dt, dim t, dim h, dim d, std::mt19937 &rng) {
+// finite: the same kinds of rows and values without NaN and inf (ordinary values in their place).
+input_tensor make_input(data_type dt, dim t, dim h, dim d, std::mt19937 &rng, bool finite = false) {
     input_tensor in { dt, t, h, d, h * (d + 3) + 5, d + 3, {} };
     const size_t es = data_type_size(dt);
     const dim extent = t == 0 ? 1 : (t - 1) * in.token_stride + (h - 1) * in.head_stride + d;
@@ -236,10 +238,12 @@ input_tensor make_input(data_type dt, dim t, dim h, dim d, std::mt19937 &rng) {
             for (dim di = 0; di < d; ++di) {
                 float x;
                 bool raw = false, snan = false;
-                const int k = kind(rng);
+                int k = kind(rng);
+                if (finite && k >= 3 && k < 7) k = 99;  // NaN and inf: ordinary values
+                if (finite && k >= 9 && k < 13) k = 99; // raw bits, signalling NaNs: too
                 if (row_kind == 0)
                     x = 0.f; // an all-zero row: per-token scale FLT_MIN
-                else if (row_kind == 1)
+                else if (row_kind == 1 && !finite)
                     x = di % 3 == 0 ? nan : di % 3 == 1 ? inf : -inf; // amax of nothing finite
                 else if (row_kind == 2)
                     x = uni(rng) * 1e-38f; // tiny row: f32 subnormals and the scale floor
@@ -328,9 +332,10 @@ struct inputs {
 // A permutation of the slots with negative entries (skipped) and tokens sharing a slot (the later
 // one is stored).
 inputs make_inputs(const e2e_case &c, std::mt19937 &rng) {
-    inputs in {
-        make_input(c.key_dt, c.t, c.h, c.d, rng), make_input(c.value_dt, c.t, c.h, c.d, rng), {}, {}
-    };
+    inputs in { make_input(c.key_dt, c.t, c.h, c.d, rng, c.finite),
+                make_input(c.value_dt, c.t, c.h, c.d, rng, c.finite),
+                {},
+                {} };
     std::vector<int64_t> all(static_cast<size_t>(c.nb * c.bs));
     std::iota(all.begin(), all.end(), 0);
     std::shuffle(all.begin(), all.end(), rng);
@@ -533,16 +538,20 @@ TEST(every_implementation_groups, consecutive_slots_fill_packed_groups) {
                              inputs { data_type::bf16, data_type::bf16, reduced() ? 80 : 112 } })
         for (data_type cache_dt :
              { data_type::f32, data_type::bf16, data_type::f16, data_type::f8_e4m3, data_type::f8_e5m2 })
-            // FP8: per-token scales, and a per-tensor one that values exceed (saturating codes).
+            // FP8: per-token scales, and a per-tensor one that values exceed (saturating codes);
+            // inputs with NaN and inf, and without (no group needs its codes clamped).
             for (int mask : detail::is_fp8(cache_dt)
                                     ? std::vector<int> { scales_per_token, scales_per_tensor }
-                                    : std::vector<int> { -1 }) {
-                const e2e_case c { cache_dt, in.key, in.value, cache_kind::packed, mask, mask, t, 2, in.d,
-                                   bs,       nb,     false };
-                SCOPED_TRACE(case_name(c));
-                const std::vector<std::string> ran = compare_with_reference(c, 5u, &slots);
-                EXPECT_EQ(contains(ran, "x64:avx2"), runs(cpu_isa::avx2));
-            }
+                                    : std::vector<int> { -1 })
+                for (bool finite : { false, true }) {
+                    if (finite && !detail::is_fp8(cache_dt)) continue;
+                    e2e_case c { cache_dt, in.key, in.value, cache_kind::packed, mask, mask, t, 2, in.d,
+                                 bs,       nb,     false };
+                    c.finite = finite;
+                    SCOPED_TRACE(case_name(c));
+                    const std::vector<std::string> ran = compare_with_reference(c, 5u, &slots);
+                    EXPECT_EQ(contains(ran, "x64:avx2"), runs(cpu_isa::avx2));
+                }
 }
 
 } // namespace

@@ -54,6 +54,12 @@ template <bool is_e4m3> struct fp8_format {
     static constexpr float max_f16_domain = is_e4m3 ? 448.f / 256.f : 57344.f;
 };
 
+// What the encoder knows of 16-bit input words beyond their signs: nothing, that they are bf16, or
+// that they are finite bf16 values at most the amax their per-token scale came from. Then |x| /
+// scale is at most the format's largest finite value, up to the division's rounding, which the
+// grid rounds back to it: no clamp and no NaN to make canonical.
+enum class words_known { any, bf16, bf16_within_scale };
+
 // Per-ISA encoders over the f32 vector type; specialised below.
 template <typename V> struct codec;
 
@@ -66,10 +72,11 @@ template <typename V> struct codec;
 // only changes the format. |y| is clamped at the largest finite value (+inf saturates); a NaN passes
 // the min (its second operand) and the arithmetic as a NaN, whose f16 code lies above the format's
 // NaN code.
-template <typename C, bool is_e4m3, bool is_magnitude = false> auto fp8_grid_f16(typename C::reg y) {
+template <typename C, bool is_e4m3, bool is_magnitude = false, bool within_range = false>
+auto fp8_grid_f16(typename C::reg y) {
     using F = fp8_format<is_e4m3>;
     const auto magnitude = is_magnitude ? y : C::from_bits(C::and_bits(C::bits(y), C::set1i(0x7FFFFFFF)));
-    const auto clamped = C::min(C::set1(F::max_f16_domain), magnitude);
+    const auto clamped = within_range ? magnitude : C::min(C::set1(F::max_f16_domain), magnitude);
     const auto exponent = C::max_bits(C::and_bits(C::bits(clamped), C::set1i(0x7F800000)),
                                       C::set1i(0x38800000)); // 2^-14, f16's smallest normal
     const auto c = C::from_bits(C::add_bits(exponent, C::set1i(F::drop << 23)));
@@ -170,7 +177,9 @@ template <> struct codec<avx512_f32> : avx512_f32 {
     /// vectors' codes per lane and a shuffle of 32-bit groups restores the order. Per 32 values 2
     /// vector operations fewer than widening, shifting and taking |x| of each vector, and 2 of the
     /// shifts and shuffles (two pipes on Zen 5) become unpacks (four pipes): ~12% less time.
-    template <bool is_e4m3, bool then_by_256> static __m256i fp8_codes32_bf16(const char *p, reg divisor) {
+    /// within_scale: the words are words_known::bf16_within_scale.
+    template <bool is_e4m3, bool then_by_256, bool within_scale>
+    static __m256i fp8_codes32_bf16(const char *p, reg divisor) {
         using F = fp8_format<is_e4m3>;
         const ireg raw = _mm512_loadu_si512(p);
         const __mmask32 negative = _mm512_movepi16_mask(raw);
@@ -178,13 +187,15 @@ template <> struct codec<avx512_f32> : avx512_f32 {
         auto grid = [&](ireg words) {
             reg q = div(_mm512_castsi512_ps(words), divisor);
             if (then_by_256) q = mul(q, set1(1.f / 256.f));
-            return _mm256_srli_epi16(fp8_grid_f16<codec, is_e4m3, true>(q), is_e4m3 ? 7 : 8);
+            return _mm256_srli_epi16(fp8_grid_f16<codec, is_e4m3, true, within_scale>(q), is_e4m3 ? 7 : 8);
         };
         const __m256i low = grid(_mm512_unpacklo_epi16(_mm512_setzero_si512(), magnitude)),
                       high = grid(_mm512_unpackhi_epi16(_mm512_setzero_si512(), magnitude));
         // Per lane: low's 8 codes (elements 0-3, 8-11 of the lane's 16), high's (4-7, 12-15).
         const __m256i ordered = _mm256_shuffle_epi32(_mm256_packus_epi16(low, high), _MM_SHUFFLE(3, 1, 2, 0));
-        const __m256i magnitudes = _mm256_min_epu8(ordered, _mm256_set1_epi8(static_cast<char>(F::nan_code)));
+        const __m256i magnitudes =
+                within_scale ? ordered
+                             : _mm256_min_epu8(ordered, _mm256_set1_epi8(static_cast<char>(F::nan_code)));
         return _mm256_mask_add_epi8(magnitudes, negative, magnitudes,
                                     _mm256_set1_epi8(static_cast<char>(0x80)));
     }
@@ -200,25 +211,29 @@ template <> struct codec<avx512_f32> : avx512_f32 {
     /// done together: a tree of 128- and 64-bit shuffles and maxima halves the words per row and
     /// doubles the rows per register at each level (~20 operations a row instead of a serial
     /// chain of ~30 each).
-    static void amax_16bit_rows(const char *src, dim stride, data_type dt, dim n, float *out) {
+    /// Returns whether all the rows' values are finite (their keys' least one non-negative).
+    static bool amax_16bit_rows(const char *src, dim stride, data_type dt, dim n, float *out) {
         const short offset = static_cast<short>(0x8000 - (dt == data_type::bf16 ? 0x7F80 : 0x7C00));
         const __m512i magnitude = _mm512_set1_epi16(0x7FFF), shift = _mm512_set1_epi16(offset);
         auto key = [&](__m512i x) { return _mm512_add_epi16(_mm512_and_si512(x, magnitude), shift); };
-        __m512i m[16];
+        __m512i m[16], least = shift;
         for (int j = 0; j < 16; ++j) { // each row's 32 lanes of maxima (the shift: |x| = 0)
             const auto *in = reinterpret_cast<const uint16_t *>(src + j * stride);
             __m512i best = shift, second = shift; // two chains, two loads per iteration
             dim i = 0;
+            auto take = [&](__m512i &chain, __m512i k) {
+                chain = _mm512_max_epi16(chain, k);
+                least = _mm512_min_epi16(least, k);
+            };
             for (; i + 64 <= n; i += 64) {
-                best = _mm512_max_epi16(best, key(_mm512_loadu_si512(in + i)));
-                second = _mm512_max_epi16(second, key(_mm512_loadu_si512(in + i + 32)));
+                take(best, key(_mm512_loadu_si512(in + i)));
+                take(second, key(_mm512_loadu_si512(in + i + 32)));
             }
             best = _mm512_max_epi16(best, second);
-            if (i + 32 <= n) best = _mm512_max_epi16(best, key(_mm512_loadu_si512(in + i))), i += 32;
+            if (i + 32 <= n) take(best, key(_mm512_loadu_si512(in + i))), i += 32;
             if (i < n) // masked-off lanes load 0, whose key is the shift
-                best = _mm512_max_epi16(
-                        best,
-                        key(_mm512_maskz_loadu_epi16(static_cast<__mmask32>((1ull << (n - i)) - 1), in + i)));
+                take(best,
+                     key(_mm512_maskz_loadu_epi16(static_cast<__mmask32>((1ull << (n - i)) - 1), in + i)));
             m[j] = best;
         }
         for (int j = 0; j < 8; ++j) // rows 2j, 2j + 1: 16 words each, in 256-bit halves
@@ -248,6 +263,7 @@ template <> struct codec<avx512_f32> : avx512_f32 {
                 out[8 * j + k] = maxima[8 * j + 2 * k];
                 out[8 * j + 4 + k] = maxima[8 * j + 2 * k + 1];
             }
+        return _mm512_movepi16_mask(least) == 0;
     }
     static void store_bf16(void *dst, reg x) {
         const ireg b = bits(x);
@@ -319,9 +335,10 @@ template <> struct codec<avx2_f32> : avx2_f32 {
         return amax_16bit_by<avx2_f32, __m256i>(src, dt, n);
     }
     static constexpr bool signs_from_16bit = false; // no mask registers: signs from the quotients
-    static void amax_16bit_rows(const char *src, dim stride, data_type dt, dim n, float *out) {
+    static bool amax_16bit_rows(const char *src, dim stride, data_type dt, dim n, float *out) {
         for (int j = 0; j < 16; ++j)
             out[j] = amax_16bit(src + j * stride, dt, n);
+        return false; // not known: this codec has no words_known::bf16_within_scale path
     }
     // The low 16 bits of each lane (values in [0, 65535]), as 8 packed 16-bit values.
     static __m128i narrow16(ireg x) {
@@ -351,9 +368,9 @@ template <> struct codec<avx2_f32> : avx2_f32 {
 /// FP8 codes of x[i] / scale for n values (n a multiple of C::width; `load(i)`: x[i ..] as f32),
 /// 32 at a time by C::fp8_codes32, the last 8 to 24 through zero vectors and a buffer.
 /// `words16`: the input again when it is bf16 or f16 (else null), whose top bits give the signs
-/// where the codec can take them (C::signs_from_16bit); bf16 words (is_bf16) it encodes from the
+/// where the codec can take them (C::signs_from_16bit); bf16 words (`known`) it encodes from the
 /// words themselves (C::fp8_codes32_bf16).
-template <typename C, bool is_e4m3, bool then_by_256, bool is_bf16, typename Load>
+template <typename C, bool is_e4m3, bool then_by_256, words_known known, typename Load>
 __attribute__((always_inline)) inline void encode_fp8_divided(Load load, dim n, typename C::reg divisor,
                                                               char *dst, const char *words16) {
     using reg = typename C::reg;
@@ -362,12 +379,13 @@ __attribute__((always_inline)) inline void encode_fp8_divided(Load load, dim n, 
         return then_by_256 ? C::mul(q, C::set1(1.f / 256.f)) : q;
     };
     dim i = 0;
-    if constexpr (C::signs_from_16bit && is_bf16)
+    if constexpr (C::signs_from_16bit && known != words_known::any)
         if (words16)
             for (; i + 32 <= n; i += 32)
-                _mm256_storeu_si256(
-                        reinterpret_cast<__m256i *>(dst + i),
-                        C::template fp8_codes32_bf16<is_e4m3, then_by_256>(words16 + 2 * i, divisor));
+                _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst + i),
+                                    C::template fp8_codes32_bf16<is_e4m3, then_by_256,
+                                                                 known == words_known::bf16_within_scale>(
+                                            words16 + 2 * i, divisor));
     if constexpr (C::signs_from_16bit)
         if (words16)
             for (; i + 32 <= n; i += 32)
@@ -387,7 +405,7 @@ __attribute__((always_inline)) inline void encode_fp8_divided(Load load, dim n, 
     std::memcpy(dst + i, codes, static_cast<size_t>(n - i));
 }
 
-template <typename C, bool is_e4m3, bool is_bf16 = false, typename Load>
+template <typename C, bool is_e4m3, words_known known = words_known::any, typename Load>
 __attribute__((always_inline)) inline void encode_fp8_loaded(Load load, dim n, float scale, char *dst,
                                                              const char *words16) {
     // e4m3 divides by scale * 2^8 (exact) to land in the f16 domain of fp8_grid_f16: the quotient
@@ -395,54 +413,60 @@ __attribute__((always_inline)) inline void encode_fp8_loaded(Load load, dim n, f
     // elsewhere). A scale whose 2^8 multiple overflows divides by itself and multiplies after.
     const float shifted = is_e4m3 ? scale * 256.f : scale;
     if (shifted <= FLT_MAX)
-        encode_fp8_divided<C, is_e4m3, false, is_bf16>(load, n, C::set1(shifted), dst, words16);
+        encode_fp8_divided<C, is_e4m3, false, known>(load, n, C::set1(shifted), dst, words16);
     else
-        encode_fp8_divided<C, is_e4m3, true, is_bf16>(load, n, C::set1(scale), dst, words16);
+        encode_fp8_divided<C, is_e4m3, true, known>(load, n, C::set1(scale), dst, words16);
 }
+
+template <words_known known> using known_as = std::integral_constant<words_known, known>;
 
 /// The FP8 codes of n values of type in_type (f32, bf16, f16) x[i] / scale.
 template <typename C>
 void encode_fp8(const void *src, data_type in_type, dim n, float scale, bool is_e4m3, void *dst) {
     const auto *in = static_cast<const char *>(src);
     char *out = static_cast<char *>(dst);
-    auto encode = [&](auto load, const char *words16, auto is_bf16) {
-        is_e4m3 ? encode_fp8_loaded<C, true, decltype(is_bf16)::value>(load, n, scale, out, words16)
-                : encode_fp8_loaded<C, false, decltype(is_bf16)::value>(load, n, scale, out, words16);
+    auto encode = [&](auto load, const char *words16, auto known) {
+        is_e4m3 ? encode_fp8_loaded<C, true, decltype(known)::value>(load, n, scale, out, words16)
+                : encode_fp8_loaded<C, false, decltype(known)::value>(load, n, scale, out, words16);
     };
     switch (in_type) {
         case data_type::bf16:
-            encode([in](dim i) { return C::load_bf16(in + 2 * i); }, in, std::true_type());
+            encode([in](dim i) { return C::load_bf16(in + 2 * i); }, in, known_as<words_known::bf16>());
             break;
         case data_type::f16:
-            encode([in](dim i) { return C::load_f16(in + 2 * i); }, in, std::false_type());
+            encode([in](dim i) { return C::load_f16(in + 2 * i); }, in, known_as<words_known::any>());
             break;
         default:
             encode([in](dim i) { return C::load(reinterpret_cast<const float *>(in) + i); }, nullptr,
-                   std::false_type());
+                   known_as<words_known::any>());
             break;
     }
 }
 
 /// encode_fp8 of 16 rows of bf16 or f16 values, `stride` bytes apart, each by its scale, into rows of
 /// n codes side by side at dst: one dispatch for the group and one loop over its rows.
+/// `within_scale`: the rows are finite and their scales per-token ones (words_known).
 template <typename C>
 void encode_rows_fp8(const char *src, dim stride, data_type in_type, dim n, const float *scales, bool is_e4m3,
-                     char *dst) {
-    auto encode = [&](auto format, auto load, auto is_bf16) {
+                     bool within_scale, char *dst) {
+    auto encode = [&](auto format, auto load, auto known) {
         for (dim j = 0; j < packed_group; ++j) {
             const char *in = src + j * stride;
-            encode_fp8_loaded<C, decltype(format)::value, decltype(is_bf16)::value>(
+            encode_fp8_loaded<C, decltype(format)::value, decltype(known)::value>(
                     [&](dim i) { return load(in + 2 * i); }, n, scales[j], dst + j * n, in);
         }
     };
     auto bf16 = [](const char *x) { return C::load_bf16(x); };
     auto f16 = [](const char *x) { return C::load_f16(x); };
-    if (is_e4m3)
-        in_type == data_type::bf16 ? encode(std::true_type(), bf16, std::true_type())
-                                   : encode(std::true_type(), f16, std::false_type());
-    else
-        in_type == data_type::bf16 ? encode(std::false_type(), bf16, std::true_type())
-                                   : encode(std::false_type(), f16, std::false_type());
+    auto by_input = [&](auto format) {
+        if (in_type != data_type::bf16)
+            encode(format, f16, known_as<words_known::any>());
+        else if (within_scale)
+            encode(format, bf16, known_as<words_known::bf16_within_scale>());
+        else
+            encode(format, bf16, known_as<words_known::bf16>());
+    };
+    is_e4m3 ? by_input(std::true_type()) : by_input(std::false_type());
 }
 
 /// Encodes n values (n a multiple of V::width) into cache type dt: FP8 encodes src / scale, the other
@@ -829,9 +853,11 @@ void store_group(const reshape_and_cache_problem &p, const reshape_and_cache_arg
         // and one row of it left the core mostly idle (~175 cycles per row, ~100 in passes).
         const bool per_token = (is_value ? p.v_scales_mask : p.k_scales_mask) == scales_per_token;
         float row_scales[packed_group] = {};
+        bool within_scale = false;
         if (per_token) {
             // row_scale's per-token scales of the 16 rows at once (they are contiguous).
-            codec<V>::amax_16bit_rows(input_row(0), token_stride * in_es, in_type, n, row_scales);
+            within_scale =
+                    codec<V>::amax_16bit_rows(input_row(0), token_stride * in_es, in_type, n, row_scales);
             float *group_scales = scales + (block * p.kv_heads + head) * p.block_size + offset0;
             // token_scale in vectors (a division per lane is the scalar one's, bit for bit).
             using reg = typename V::reg;
@@ -846,7 +872,7 @@ void store_group(const reshape_and_cache_problem &p, const reshape_and_cache_arg
                 row_scales[j] = row_scale(p, 0.f, is_value, scales, block, head, offset0 + j);
         }
         encode_rows_fp8<codec<V>>(input_row(0), token_stride * in_es, in_type, n, row_scales,
-                                  dt == data_type::f8_e4m3, reinterpret_cast<char *>(rows));
+                                  dt == data_type::f8_e4m3, within_scale, reinterpret_cast<char *>(rows));
     } else {
         for (dim j = 0; j < packed_group; ++j)
             encode_input_row<V>(p, input_row(j), in_type, is_value, scales, block, head, offset0 + j, row,
