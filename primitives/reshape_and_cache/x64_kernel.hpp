@@ -86,7 +86,9 @@ auto fp8_grid_f16(typename C::reg y) {
 // The largest finite |x| of n bf16 or f16 values (n a multiple of 8), 0 if none: a signed max over
 // the magnitude bits plus an offset that makes exactly the non-finite ones negative (the magnitude
 // order of finite values is their bits' order). W: __m256i or __m512i, the widest whole loads.
-template <typename V, typename W> float amax_16bit_by(const void *src, data_type dt, dim n) {
+/// `finite`, where given, is cleared if a value is not finite (256-bit loads only).
+template <typename V, typename W>
+float amax_16bit_by(const void *src, data_type dt, dim n, bool *finite = nullptr) {
     constexpr dim lanes = sizeof(W) / 2;
     const auto *in = static_cast<const uint16_t *>(src);
     const short offset = static_cast<short>(0x8000 - (dt == data_type::bf16 ? 0x7F80 : 0x7C00));
@@ -105,17 +107,22 @@ template <typename V, typename W> float amax_16bit_by(const void *src, data_type
 #endif
     }
     const __m256i magnitude = _mm256_set1_epi16(0x7FFF), shift = _mm256_set1_epi16(offset);
-    __m256i best = shift;
+    __m256i best = shift, least = shift; // least: negative if a key is, i.e. a value not finite
     for (; i + 16 <= n; i += 16) {
         const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(in + i));
-        best = _mm256_max_epi16(best, _mm256_add_epi16(_mm256_and_si256(x, magnitude), shift));
+        const __m256i key = _mm256_add_epi16(_mm256_and_si256(x, magnitude), shift);
+        best = _mm256_max_epi16(best, key);
+        if (finite) least = _mm256_min_epi16(least, key);
     }
     m = _mm_max_epi16(m, _mm_max_epi16(_mm256_castsi256_si128(best), _mm256_extracti128_si256(best, 1)));
     if (i < n) {
         const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i *>(in + i));
-        m = _mm_max_epi16(m, _mm_add_epi16(_mm_and_si128(x, _mm256_castsi256_si128(magnitude)),
-                                           _mm256_castsi256_si128(shift)));
+        const __m128i key = _mm_add_epi16(_mm_and_si128(x, _mm256_castsi256_si128(magnitude)),
+                                          _mm256_castsi256_si128(shift));
+        m = _mm_max_epi16(m, key);
+        if (finite) least = _mm256_min_epi16(least, _mm256_zextsi128_si256(key));
     }
+    if (finite && _mm256_movemask_epi8(least) & 0xAAAAAAAA) *finite = false;
     m = _mm_max_epi16(m, _mm_srli_si128(m, 8));
     m = _mm_max_epi16(m, _mm_srli_si128(m, 4));
     m = _mm_max_epi16(m, _mm_srli_si128(m, 2));
@@ -149,24 +156,28 @@ template <> struct codec<avx512_f32> : avx512_f32 {
     static reg sub(reg a, reg b) { return _mm512_sub_ps(a, b); }
     static __m256i to_f16(reg x) { return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
     /// The FP8 codes of 32 f16-domain values, q(0) and q(1) (see codec<avx2_f32>::fp8_codes32).
-    template <bool is_e4m3, typename Quotients> static __m256i fp8_codes32(Quotients q) {
+    template <bool is_e4m3, bool within_range = false, typename Quotients>
+    static __m256i fp8_codes32(Quotients q) {
         const reg y0 = q(0), y1 = q(1);
         const __mmask32 negative = _mm512_kunpackw(_mm512_cmplt_epi32_mask(bits(y1), _mm512_setzero_si512()),
                                                    _mm512_cmplt_epi32_mask(bits(y0), _mm512_setzero_si512()));
-        return fp8_codes32<is_e4m3>([&](dim k) { return k == 0 ? y0 : y1; }, negative);
+        return fp8_codes32<is_e4m3, within_range>([&](dim k) { return k == 0 ? y0 : y1; }, negative);
     }
     /// As above with the signs given: bit i set where value i is negative.
-    template <bool is_e4m3, typename Quotients> static __m256i fp8_codes32(Quotients q, __mmask32 negative) {
+    template <bool is_e4m3, bool within_range = false, typename Quotients>
+    static __m256i fp8_codes32(Quotients q, __mmask32 negative) {
         using F = fp8_format<is_e4m3>;
         const reg y0 = q(0), y1 = q(1);
         // (the grid's halves named first: clang's _mm512_inserti64x4 is a macro, and a template
         // argument list's comma would split its arguments)
-        const __m256i low = fp8_grid_f16<codec, is_e4m3>(y0), high = fp8_grid_f16<codec, is_e4m3>(y1);
+        const __m256i low = fp8_grid_f16<codec, is_e4m3, false, within_range>(y0),
+                      high = fp8_grid_f16<codec, is_e4m3, false, within_range>(y1);
         const ireg h = _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
         // NaNs' f16 codes lie above the NaN code, finite ones at or below the largest finite code.
+        const __m256i codes = _mm512_cvtepi16_epi8(_mm512_srli_epi16(h, is_e4m3 ? 7 : 8));
         const __m256i magnitudes =
-                _mm256_min_epu8(_mm512_cvtepi16_epi8(_mm512_srli_epi16(h, is_e4m3 ? 7 : 8)),
-                                _mm256_set1_epi8(static_cast<char>(F::nan_code)));
+                within_range ? codes
+                             : _mm256_min_epu8(codes, _mm256_set1_epi8(static_cast<char>(F::nan_code)));
         // magnitudes <= 0x7F: adding the sign bit sets it (one masked operation)
         return _mm256_mask_add_epi8(magnitudes, negative, magnitudes,
                                     _mm256_set1_epi8(static_cast<char>(0x80)));
@@ -310,18 +321,20 @@ template <> struct codec<avx2_f32> : avx2_f32 {
     static ireg set1_byte(int x) { return _mm256_set1_epi8(static_cast<char>(x)); }
     static reg div(reg a, reg b) { return _mm256_div_ps(a, b); }
     // The FP8 codes of 32 f16-domain values (see fp8_grid_f16), q(0) .. q(3), 32 bytes in order.
-    template <bool is_e4m3, typename Quotients> static ireg fp8_codes32(Quotients q) {
+    // within_range: |q| at most the largest finite value up to a rounding, no NaN (words_known).
+    template <bool is_e4m3, bool within_range = false, typename Quotients>
+    static ireg fp8_codes32(Quotients q) {
         using F = fp8_format<is_e4m3>;
         const reg y0 = q(0), y1 = q(1), y2 = q(2), y3 = q(3);
-        const __m128i grid_y0 = fp8_grid_f16<codec, is_e4m3>(y0), grid_y1 = fp8_grid_f16<codec, is_e4m3>(y1),
-                      grid_y2 = fp8_grid_f16<codec, is_e4m3>(y2), grid_y3 = fp8_grid_f16<codec, is_e4m3>(y3);
+        auto grid = [](reg y) { return fp8_grid_f16<codec, is_e4m3, false, within_range>(y); };
+        const __m128i grid_y0 = grid(y0), grid_y1 = grid(y1), grid_y2 = grid(y2), grid_y3 = grid(y3);
         constexpr int shift = is_e4m3 ? 7 : 8;
         const ireg low = _mm256_srli_epi16(_mm256_set_m128i(grid_y1, grid_y0), shift);
         const ireg high = _mm256_srli_epi16(_mm256_set_m128i(grid_y3, grid_y2), shift);
         // packus leaves the 64-bit quarters as y0 y2 y1 y3. Finite codes lie at or below the largest
         // finite code, NaNs' f16 codes above the NaN code: the min makes them canonical.
-        const ireg magnitudes = _mm256_min_epu8(
-                _mm256_permute4x64_epi64(_mm256_packus_epi16(low, high), 0xD8), set1_byte(F::nan_code));
+        const ireg codes = _mm256_permute4x64_epi64(_mm256_packus_epi16(low, high), 0xD8);
+        const ireg magnitudes = within_range ? codes : _mm256_min_epu8(codes, set1_byte(F::nan_code));
         // Signed saturation keeps the signs through both packs, which leave 32-bit quarters as the
         // low halves of y0 y1 y2 y3, then their high halves.
         const ireg signs =
@@ -336,9 +349,10 @@ template <> struct codec<avx2_f32> : avx2_f32 {
     }
     static constexpr bool signs_from_16bit = false; // no mask registers: signs from the quotients
     static bool amax_16bit_rows(const char *src, dim stride, data_type dt, dim n, float *out) {
+        bool finite = true;
         for (int j = 0; j < 16; ++j)
-            out[j] = amax_16bit(src + j * stride, dt, n);
-        return false; // not known: this codec has no words_known::bf16_within_scale path
+            out[j] = amax_16bit_by<avx2_f32, __m256i>(src + j * stride, dt, n, &finite);
+        return finite;
     }
     // The low 16 bits of each lane (values in [0, 65535]), as 8 packed 16-bit values.
     static __m128i narrow16(ireg x) {
@@ -393,13 +407,15 @@ __attribute__((always_inline)) inline void encode_fp8_divided(Load load, dim n, 
                         reinterpret_cast<__m256i *>(dst + i),
                         C::template fp8_codes32<is_e4m3>([&](dim k) { return quotient(i + k * C::width); },
                                                          C::signs_16bit(words16 + 2 * i)));
+    constexpr bool within = known == words_known::bf16_within_scale;
     for (; i + 32 <= n; i += 32)
         _mm256_storeu_si256(
                 reinterpret_cast<__m256i *>(dst + i),
-                C::template fp8_codes32<is_e4m3>([&](dim k) { return quotient(i + k * C::width); }));
+                C::template fp8_codes32<is_e4m3, within>([&](dim k) { return quotient(i + k * C::width); }));
     if (i == n) return;
     alignas(32) unsigned char codes[32];
-    _mm256_store_si256(reinterpret_cast<__m256i *>(codes), C::template fp8_codes32<is_e4m3>([&](dim k) {
+    _mm256_store_si256(reinterpret_cast<__m256i *>(codes),
+                       C::template fp8_codes32<is_e4m3, within>([&](dim k) {
                            return i + k * C::width < n ? quotient(i + k * C::width) : C::zero();
                        }));
     std::memcpy(dst + i, codes, static_cast<size_t>(n - i));
