@@ -8,7 +8,8 @@
 //     canonical NaN with its sign; rounded by an FP addition that drops exactly the format's excess
 //     mantissa bits, then vcvtps2ph, exact there, into f16 bits that hold the code
 //     (fp8_grid_f16), 32 values per store (encode_fp8_divided, one template over
-//     both codecs);
+//     both codecs); whole groups of finite bf16 rows with per-token scales need neither the
+//     saturation nor the NaN step (words_known);
 //   - bf16: integer round-to-nearest-even, NaN quieted (bits >> 16 | 0x40); f16: vcvtps2ph in
 //     nearest-even mode, whose NaN (sign | 0x7E00 | payload >> 13) and overflow (>= 65520 to inf)
 //     match f32_to_f16; f32: stored as is, with a signalling NaN quieted like the reference's
