@@ -344,6 +344,40 @@ template <> struct codec<avx2_f32> : avx2_f32 {
                                             _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         return _mm256_or_si256(magnitudes, _mm256_and_si256(signs, set1_byte(0x80)));
     }
+    /// The FP8 codes of 32 bf16 values at p divided by `divisor` (then by 256 where then_by_256), as
+    /// codec<avx512_f32>::fp8_codes32_bf16: the magnitudes' words unpacked with zeros into f32 (per
+    /// 128-bit lane L of a 16-value load: elements 8L .. 8L + 3, then 8L + 4 .. 8L + 7), the codes
+    /// packed per lane and put in order by one 32-bit permute, the signs from the words' high bytes.
+    /// Per 32 values 6 operations fewer than widening, shifting and taking |x| of each vector and
+    /// the quotients' signs.
+    template <bool is_e4m3, bool then_by_256, bool within_scale>
+    static ireg fp8_codes32_bf16(const char *p, reg divisor) {
+        using F = fp8_format<is_e4m3>;
+        const ireg a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)),
+                   b = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p + 32));
+        const ireg magnitude = _mm256_set1_epi16(0x7FFF), zero = _mm256_setzero_si256();
+        const ireg magnitude_a = _mm256_and_si256(a, magnitude), magnitude_b = _mm256_and_si256(b, magnitude);
+        auto grid = [&](ireg words) {
+            reg q = div(_mm256_castsi256_ps(words), divisor);
+            if (then_by_256) q = mul(q, set1(1.f / 256.f));
+            return fp8_grid_f16<codec, is_e4m3, true, within_scale>(q);
+        };
+        // 8 f16 codes each: a's elements 0-3, 8-11 (low) and 4-7, 12-15 (high); b's 16 on.
+        const __m128i low_a = grid(_mm256_unpacklo_epi16(zero, magnitude_a)),
+                      high_a = grid(_mm256_unpackhi_epi16(zero, magnitude_a)),
+                      low_b = grid(_mm256_unpacklo_epi16(zero, magnitude_b)),
+                      high_b = grid(_mm256_unpackhi_epi16(zero, magnitude_b));
+        constexpr int shift = is_e4m3 ? 7 : 8;
+        // Packed per lane, the 32-bit groups hold elements 0-3, 8-11, 16-19, 24-27 | 4-7, 12-15, ...
+        const ireg packed = _mm256_packus_epi16(_mm256_srli_epi16(_mm256_set_m128i(high_a, low_a), shift),
+                                                _mm256_srli_epi16(_mm256_set_m128i(high_b, low_b), shift));
+        const ireg codes = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        const ireg magnitudes = within_scale ? codes : _mm256_min_epu8(codes, set1_byte(F::nan_code));
+        // The words' high bytes (sign-extended: packing keeps them), a's 16 then b's 16.
+        const ireg signs = _mm256_permute4x64_epi64(
+                _mm256_packs_epi16(_mm256_srai_epi16(a, 8), _mm256_srai_epi16(b, 8)), 0xD8);
+        return _mm256_or_si256(magnitudes, _mm256_and_si256(signs, set1_byte(0x80)));
+    }
     // The amax of a bf16 or f16 row on its bits, the widest loads first.
     static float amax_16bit(const void *src, data_type dt, dim n) {
         return amax_16bit_by<avx2_f32, __m256i>(src, dt, n);
@@ -394,7 +428,7 @@ __attribute__((always_inline)) inline void encode_fp8_divided(Load load, dim n, 
         return then_by_256 ? C::mul(q, C::set1(1.f / 256.f)) : q;
     };
     dim i = 0;
-    if constexpr (C::signs_from_16bit && known != words_known::any)
+    if constexpr (known != words_known::any)
         if (words16)
             for (; i + 32 <= n; i += 32)
                 _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst + i),
