@@ -609,6 +609,19 @@ __attribute__((target("avx512f,avx512bf16"))) double zmm_dpbf16_per_ns() {
 #undef PAGEDATTN_BENCH_TWELVE
 #undef PAGEDATTN_BENCH_PRODUCT
 
+// ns of `reps` runs of each of two cases (run(0), run(1)) on `arena`, after `warmup` unrecorded
+// ones, alternating so that drift biases neither.
+template <typename Run>
+void time_two_alternating(tbb::task_arena &arena, int warmup, int reps, Run run,
+                          std::vector<double> (&ns)[2]) {
+    for (int rep = -warmup; rep < reps; ++rep)
+        for (int i = 0; i < 2; ++i) {
+            const auto start = clock_type::now();
+            arena.execute([&] { run(i); });
+            if (rep >= 0) ns[i].push_back(seconds_since(start) * 1e9);
+        }
+}
+
 void run_cost(config &cfg) {
     if (cfg.filter != "cost") return; // only on request: it is a diagnosis, not a ratio to a ceiling
     const cpu_isa host = get_max_cpu_isa(), level = std::min(host, cfg.cap);
@@ -645,12 +658,8 @@ void run_cost(config &cfg) {
             for (long context : { short_context, long_context })
                 cases.emplace_back(1, q_len, context, 128, dt, true, cfg.huge_pages, cfg.cap);
             std::vector<double> ns[2];
-            for (int rep = -5; rep < 10 * cfg.reps; ++rep)
-                for (int i = 0; i < 2; ++i) { // alternating, so that drift biases neither
-                    const auto start = clock_type::now();
-                    one_thread.execute([&] { cases[i].run(s); });
-                    if (rep >= 0) ns[i].push_back(seconds_since(start) * 1e9);
-                }
+            time_two_alternating(
+                    one_thread, 5, 10 * cfg.reps, [&](int i) { cases[i].run(s); }, ns);
             const double per_pair =
                     (median(ns[1]) - median(ns[0])) / double((long_context - short_context) * cases[0].hkv);
             const double fixed = median(ns[0]) - per_pair * double(short_context * cases[0].hkv);
@@ -671,12 +680,9 @@ void run_cost(config &cfg) {
         for (dim tokens : { short_tokens, long_tokens })
             cases.emplace_back(tokens, dt, key, value, slots, cfg.huge_pages, cfg.cap);
         std::vector<double> ns[2];
-        for (int rep = -20; rep < 400 * cfg.reps; ++rep)
-            for (int i = 0; i < 2; ++i) {
-                const auto start = clock_type::now();
-                one_thread.execute([&] { cases[i].primitive.execute(s, cases[i].args); });
-                if (rep >= 0) ns[i].push_back(seconds_since(start) * 1e9);
-            }
+        time_two_alternating(
+                one_thread, 20, 400 * cfg.reps, [&](int i) { cases[i].primitive.execute(s, cases[i].args); },
+                ns);
         const double per_pair = (*std::min_element(ns[1].begin(), ns[1].end()) -
                                  *std::min_element(ns[0].begin(), ns[0].end())) /
                                 double((long_tokens - short_tokens) * reshape_case::hkv);

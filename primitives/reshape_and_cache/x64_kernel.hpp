@@ -471,27 +471,46 @@ __attribute__((always_inline)) inline void encode_fp8_loaded(Load load, dim n, f
 
 template <words_known known> using known_as = std::integral_constant<words_known, known>;
 
+/// Calls encode(format, load, known) once, with the FP8 format (std::true_type: e4m3), the loader of
+/// in_type's values as f32 (`load(row, i)`: row's values from i on) and what is known of their words
+/// (bf16 ones `within_scale`: words_known::bf16_within_scale). The one dispatch of the encoders.
+template <typename C, typename Encode>
+void dispatch_fp8_encoder(data_type in_type, bool is_e4m3, bool within_scale, Encode encode) {
+    auto by_input = [&](auto format) {
+        switch (in_type) {
+            case data_type::bf16: {
+                auto load = [](const char *row, dim i) { return C::load_bf16(row + 2 * i); };
+                within_scale ? encode(format, load, known_as<words_known::bf16_within_scale>())
+                             : encode(format, load, known_as<words_known::bf16>());
+                break;
+            }
+            case data_type::f16:
+                encode(
+                        format, [](const char *row, dim i) { return C::load_f16(row + 2 * i); },
+                        known_as<words_known::any>());
+                break;
+            default:
+                encode(
+                        format,
+                        [](const char *row, dim i) {
+                            return C::load(reinterpret_cast<const float *>(row) + i);
+                        },
+                        known_as<words_known::any>());
+                break;
+        }
+    };
+    is_e4m3 ? by_input(std::true_type()) : by_input(std::false_type());
+}
+
 /// The FP8 codes of n values of type in_type (f32, bf16, f16) x[i] / scale.
 template <typename C>
 void encode_fp8(const void *src, data_type in_type, dim n, float scale, bool is_e4m3, void *dst) {
     const auto *in = static_cast<const char *>(src);
-    char *out = static_cast<char *>(dst);
-    auto encode = [&](auto load, const char *words16, auto known) {
-        is_e4m3 ? encode_fp8_loaded<C, true, decltype(known)::value>(load, n, scale, out, words16)
-                : encode_fp8_loaded<C, false, decltype(known)::value>(load, n, scale, out, words16);
-    };
-    switch (in_type) {
-        case data_type::bf16:
-            encode([in](dim i) { return C::load_bf16(in + 2 * i); }, in, known_as<words_known::bf16>());
-            break;
-        case data_type::f16:
-            encode([in](dim i) { return C::load_f16(in + 2 * i); }, in, known_as<words_known::any>());
-            break;
-        default:
-            encode([in](dim i) { return C::load(reinterpret_cast<const float *>(in) + i); }, nullptr,
-                   known_as<words_known::any>());
-            break;
-    }
+    const char *words16 = in_type == data_type::f32 ? nullptr : in;
+    dispatch_fp8_encoder<C>(in_type, is_e4m3, false, [&](auto format, auto load, auto known) {
+        encode_fp8_loaded<C, decltype(format)::value, decltype(known)::value>(
+                [&](dim i) { return load(in, i); }, n, scale, static_cast<char *>(dst), words16);
+    });
 }
 
 /// Prefetches the `bytes` bytes of an input row. The next group's rows are prefetched a row per row
@@ -510,25 +529,15 @@ inline void prefetch_row(const char *row, dim bytes) {
 template <typename C>
 void encode_rows_fp8(const char *src, dim stride, data_type in_type, dim n, const float *scales, bool is_e4m3,
                      bool within_scale, char *dst, const char *next) {
-    auto encode = [&](auto format, auto load, auto known) {
+    dispatch_fp8_encoder<C>(in_type, is_e4m3, within_scale, [&](auto format, auto load, auto known) {
         for (dim j = 0; j < packed_group; ++j) {
             const char *in = src + j * stride;
             if (next) prefetch_row(next + j * stride, 2 * n);
             encode_fp8_loaded<C, decltype(format)::value, decltype(known)::value>(
-                    [&](dim i) { return load(in + 2 * i); }, n, scales[j], dst + j * n, in);
+                    [&](dim i) { return load(in, i); }, n, scales[j], dst + j * n,
+                    in_type == data_type::f32 ? nullptr : in);
         }
-    };
-    auto bf16 = [](const char *x) { return C::load_bf16(x); };
-    auto f16 = [](const char *x) { return C::load_f16(x); };
-    auto by_input = [&](auto format) {
-        if (in_type != data_type::bf16)
-            encode(format, f16, known_as<words_known::any>());
-        else if (within_scale)
-            encode(format, bf16, known_as<words_known::bf16_within_scale>());
-        else
-            encode(format, bf16, known_as<words_known::bf16>());
-    };
-    is_e4m3 ? by_input(std::true_type()) : by_input(std::false_type());
+    });
 }
 
 /// Encodes n values (n a multiple of V::width) into cache type dt: FP8 encodes src / scale, the other
