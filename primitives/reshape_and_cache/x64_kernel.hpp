@@ -13,7 +13,8 @@
 //   - bf16: integer round-to-nearest-even, NaN quieted (bits >> 16 | 0x40); f16: vcvtps2ph in
 //     nearest-even mode, whose NaN (sign | 0x7E00 | payload >> 13) and overflow (>= 65520 to inf)
 //     match f32_to_f16; f32: stored as is, with a signalling NaN quieted like the reference's
-//     multiplication by the unit scale does.
+//     multiplication by the unit scale does; bf16 into bf16 and f16 into f16: copied, NaNs quieted
+//     (copy_16bit_quieting_nan).
 // Plain rows are stored with vector stores. For the packed layout, 16 tokens that fill a 16-token
 // group are encoded together (16-bit rows to FP8: in passes, amaxes, scales, codes) and
 // written in the layout's order (K by a transpose in registers) with non-temporal stores;
@@ -652,6 +653,42 @@ inline float row_scale(const reshape_and_cache_problem &p, float amax, bool is_v
     return 1.f;
 }
 
+// A bf16 row into a bf16 cache, or f16 into f16 (n values, a multiple of 8): the reference's trip
+// through f32 changes only NaNs, which it quiets (bf16 | 0x40, f16 | 0x200); the rest is copied, 32
+// words per step rather than converted to f32 and rounded back (in cache ~3x fewer operations).
+template <typename V> void copy_16bit_quieting_nan(const void *src, data_type dt, dim n, void *dst) {
+    const auto *in = static_cast<const char *>(src);
+    auto *out = static_cast<char *>(dst);
+    const short infinity = dt == data_type::bf16 ? 0x7F80 : 0x7C00,
+                quiet = dt == data_type::bf16 ? 0x40 : 0x200;
+    dim i = 0;
+#if defined(__AVX512BW__)
+    if constexpr (V::width == 16) {
+        const __m512i magnitude = _mm512_set1_epi16(0x7FFF), above = _mm512_set1_epi16(infinity),
+                      quiet_bit = _mm512_set1_epi16(quiet);
+        for (; i + 32 <= n; i += 32) {
+            const __m512i w = _mm512_loadu_si512(in + 2 * i);
+            const __mmask32 nan = _mm512_cmpgt_epi16_mask(_mm512_and_si512(w, magnitude), above);
+            _mm512_storeu_si512(out + 2 * i, _mm512_mask_blend_epi16(nan, w, _mm512_or_si512(w, quiet_bit)));
+        }
+    }
+#endif
+    const __m256i magnitude = _mm256_set1_epi16(0x7FFF), above = _mm256_set1_epi16(infinity),
+                  quiet_bit = _mm256_set1_epi16(quiet);
+    for (; i < n; i += 16) { // the last step may hold 8 values (n a multiple of 8)
+        const bool half = i + 16 > n;
+        const __m256i w =
+                half ? _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(in + 2 * i)))
+                     : _mm256_loadu_si256(reinterpret_cast<const __m256i *>(in + 2 * i));
+        const __m256i nan = _mm256_cmpgt_epi16(_mm256_and_si256(w, magnitude), above);
+        const __m256i y = _mm256_or_si256(w, _mm256_and_si256(nan, quiet_bit));
+        if (half)
+            _mm_storeu_si128(reinterpret_cast<__m128i *>(out + 2 * i), _mm256_castsi256_si128(y));
+        else
+            _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + 2 * i), y);
+    }
+}
+
 // An input row (f32/bf16/f16, n = head size values) encoded into dst in the cache's type, its scale
 // found by the mask (a per-token one computed and written). `row`: a buffer for the f32 copy, which
 // FP8 caches skip for 16-bit inputs.
@@ -662,6 +699,10 @@ void encode_input_row(const reshape_and_cache_problem &p, const void *in, data_t
     const data_type dt = (is_value ? p.v_cache : p.k_cache).get_data_type();
     const bool amax = (is_value ? p.v_scales_mask : p.k_scales_mask) == scales_per_token;
     const dim n = p.head_size;
+    if (in_type == dt && (dt == data_type::bf16 || dt == data_type::f16)) { // (no scales: not FP8)
+        copy_16bit_quieting_nan<V>(in, dt, n, dst);
+        return;
+    }
     if (is_fp8(dt) && in_type != data_type::f32) {
         const float m = amax ? C::amax_16bit(in, in_type, n) : 0.f;
         encode_fp8<C>(in, in_type, n, row_scale(p, m, is_value, scales, block, head, offset),
