@@ -275,17 +275,6 @@ __attribute__((always_inline)) inline void prefetch_ahead(const char *current, d
     _mm_prefetch(current + ahead, _MM_HINT_T1);
 }
 
-// And each load is paired with a second prefetch, 24 lines further on in the lines it walks now,
-// into L1. With the next chunk's prefetches alone decode took about its memory time plus its
-// compute time (a memory-only trial read 0.92-1.02 of the DRAM ceiling, the kernel the sum): part
-// of them seem to arrive late or not at all. 8 x 8192 decode, x64:avx512_bf16, medians of 13 and
-// 16 runs alternating with the kernel without it: bf16 9.40 -> 8.70 ms, e4m3 5.37 -> 5.06 ms (single
-// rounds from -20% to +13%: the shared host's noise); 12 lines gained less, 48 as much.
-constexpr dim near_distance = 24 * 64;
-__attribute__((always_inline)) inline void prefetch_near(const char *current) {
-    _mm_prefetch(current + near_distance, _MM_HINT_T0);
-}
-
 // Scores of N rows against one 16-token group of a packed K block: out[r][t] = q_r . k_t.
 // The group's pair of dims is decoded first, then each row's two q values are broadcast once and
 // used at once: N x lanes accumulators + 2 x lanes K vectors + 2 broadcasts fit the 16 ymm registers
@@ -321,10 +310,8 @@ void packed_scores(const char *k_group, dim k_size, const float *q, dim d, float
             for (int v = 0; v < lanes; ++v)
                 V::template load_pair<may_hold_nan>(k_group + (pair * 32 + v * 2 * width) * k_size, k_type,
                                                     first[v], second[v]);
-            for (dim line = 0; line < pair_bytes; line += 64) {
+            for (dim line = 0; line < pair_bytes; line += 64)
                 prefetch_ahead(k_group + pair * pair_bytes + line, ahead);
-                prefetch_near(k_group + pair * pair_bytes + line);
-            }
             // the first of the pair into chain c, the second into c + 1 (one chain: both into 0)
             constexpr int second_offset = chains > 1 ? 1 : 0;
             const int c = chains == 4 ? 2 * h : 0;
@@ -383,7 +370,6 @@ void packed_pair_scores(const char *const *k_groups, dim k_size, const uint32_t 
                 else
                     k[0][g] = V::load_bf16_pairs(k_pairs, k_type);
                 if (k_type == data_type::bf16 || (pair + c) % 2 == 0) {
-                    prefetch_near(k_pairs);
                     if (in_order) // line (pair, g) of the walk: the (pair x G + g)-th of the groups'
                         prefetch_ahead(k_groups[0] +
                                                ((k_type == data_type::bf16 ? pair + c : (pair + c) / 2) * G +
@@ -545,8 +531,6 @@ __attribute__((always_inline)) inline void packed_values_slice(const packed_valu
                     else
                         values[i] = V::load_bf16_pairs(values_at[i], v_type),
                         next[i] = V::load_bf16_pairs(values_at[i] + step, v_type);
-                    for (dim line = 0; line < 2 * step; line += 64)
-                        prefetch_near(values_at[i] + line);
                     values_at[i] += 2 * step;
                 }
                 prefetch_next();
@@ -570,13 +554,7 @@ __attribute__((always_inline)) inline void packed_values_slice(const packed_valu
         }
         auto accumulate = [&](dim pair, const R(&first)[S], const R(&second)[S])
                 __attribute__((always_inline)) {
-            // (pairs in order: each call is the next pair's; FP8 pairs: a line per two)
-            prefetch_next();
-            if (step >= 64 || (pair - group_begin) % 2 == 0)
-                for (int i = 0; i < S; ++i)
-                    if (starts_line(i))
-                        for (dim line = 0; line < step; line += 64)
-                            prefetch_near(rows[i] + (pair - group_begin) * step + line);
+            prefetch_next(); // (pairs in order: each call is the next pair's)
             for (int r = 0; r < N; ++r) {
                 // Each broadcast used at once, and each FMA adding into its accumulator in place
                 // (nested FMAs made the compiler copy a broadcast per row).
@@ -931,7 +909,7 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
             for (dim g = 0; g < chunk.count; ++g)
                 for (dim i = 0; i < 16 * d; i += V::pair_products ? 4 * width : 2 * width) {
                     const char *source = chunk.k[g] + i * k_size;
-                    if (i * k_size % 64 == 0) prefetch_ahead(source, k_ahead[g]), prefetch_near(source);
+                    if (i * k_size % 64 == 0) prefetch_ahead(source, k_ahead[g]);
                     if constexpr (V::pair_products) { // (64 codes, a line, at a time; bf16 for tiles)
                         typename V::pairs first, second;
                         V::load_two_bf16_pairs(source, k_type, first, second);
@@ -1182,7 +1160,6 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                     for (dim pair = first_pair / 2 * 2; pair < end_pair; pair += 2) {
                         const char *codes = chunk.v[pair / 8] + dims_group * 16 * bs + (pair % 8) * 32;
                         prefetch_ahead(codes, v_ahead[pair / 8]);
-                        prefetch_near(codes);
                         typename V::pairs low, high;
                         V::load_two_bf16_pairs(codes, v_type, low, high);
                         uint16_t *to = staged + dims_group * 16 * packed_chunk + pair * 32;
@@ -1201,7 +1178,7 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                                              (dims_group * 16 * bs + (pair % 8) * 32 + sub * 2) * v_size;
                         V::load_pair(values, v_type, first, second);
                         if (sub == 0 && (v_size > 1 || pair % 2 == 0))
-                            prefetch_ahead(values, v_ahead[pair / 8]), prefetch_near(values);
+                            prefetch_ahead(values, v_ahead[pair / 8]);
                         store_decoded<V>(v_decoded, v_source_type,
                                          dims_group * 16 * packed_chunk + pair * 32 + sub * 2, first, second);
                     }
