@@ -484,28 +484,31 @@ INSTANTIATE_TEST_SUITE_P(all, every_implementation,
                          });
 
 // Head sizes that are not a multiple of 16 (avx512 declines, avx2 takes multiples of 8), an empty
-// step, and a single-token step.
+// step, and a single-token step; FP8 caches, and bf16 and f16 caches that bf16 keys and f16 values
+// are copied into (x64:avx2's copy ends with 8 words).
 TEST(every_implementation_edges, odd_head_sizes_and_token_counts) {
-    for (dim d : { 24, 8, 20, 512 })
-        for (dim t : { 0, 1, 9 }) {
-            const e2e_case c { data_type::f8_e4m3,
-                               data_type::bf16,
-                               data_type::f32,
-                               cache_kind::nhd,
-                               scales_per_token,
-                               scales_per_kv_head,
-                               t,
-                               2,
-                               d,
-                               4,
-                               4,
-                               false };
-            SCOPED_TRACE(case_name(c));
-            const std::vector<std::string> ran =
-                    compare_with_reference(c, 77u + static_cast<uint32_t>(d + t));
-            EXPECT_EQ(contains(ran, "x64:avx512"), runs(cpu_isa::avx512) && d % 16 == 0);
-            EXPECT_EQ(contains(ran, "x64:avx2"), runs(cpu_isa::avx2) && d % 8 == 0);
-        }
+    for (data_type cache_dt : { data_type::f8_e4m3, data_type::bf16, data_type::f16 })
+        for (dim d : { 24, 8, 20, 512 })
+            for (dim t : { 0, 1, 9 }) {
+                const bool fp8 = detail::is_fp8(cache_dt);
+                const e2e_case c { cache_dt,
+                                   data_type::bf16,
+                                   fp8 ? data_type::f32 : data_type::f16,
+                                   cache_kind::nhd,
+                                   fp8 ? scales_per_token : -1,
+                                   fp8 ? scales_per_kv_head : -1,
+                                   t,
+                                   2,
+                                   d,
+                                   4,
+                                   4,
+                                   false };
+                SCOPED_TRACE(case_name(c));
+                const std::vector<std::string> ran =
+                        compare_with_reference(c, 77u + static_cast<uint32_t>(d + t));
+                EXPECT_EQ(contains(ran, "x64:avx512"), runs(cpu_isa::avx512) && d % 16 == 0);
+                EXPECT_EQ(contains(ran, "x64:avx2"), runs(cpu_isa::avx2) && d % 8 == 0);
+            }
 }
 
 // Slots as a prefill writes them: runs of consecutive slots, so that 16 tokens often fill a whole
