@@ -88,9 +88,7 @@ auto fp8_grid_f16(typename C::reg y) {
 // The largest finite |x| of n bf16 or f16 values (n a multiple of 8), 0 if none: a signed max over
 // the magnitude bits plus an offset that makes exactly the non-finite ones negative (the magnitude
 // order of finite values is their bits' order). W: __m256i or __m512i, the widest whole loads.
-/// `finite`, where given, is cleared if a value is not finite (256-bit loads only).
-template <typename V, typename W>
-float amax_16bit_by(const void *src, data_type dt, dim n, bool *finite = nullptr) {
+template <typename V, typename W> float amax_16bit_by(const void *src, data_type dt, dim n) {
     constexpr dim lanes = sizeof(W) / 2;
     const auto *in = static_cast<const uint16_t *>(src);
     const short offset = static_cast<short>(0x8000 - (dt == data_type::bf16 ? 0x7F80 : 0x7C00));
@@ -109,22 +107,17 @@ float amax_16bit_by(const void *src, data_type dt, dim n, bool *finite = nullptr
 #endif
     }
     const __m256i magnitude = _mm256_set1_epi16(0x7FFF), shift = _mm256_set1_epi16(offset);
-    __m256i best = shift, least = shift; // least: negative if a key is, i.e. a value not finite
+    __m256i best = shift;
     for (; i + 16 <= n; i += 16) {
         const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(in + i));
-        const __m256i key = _mm256_add_epi16(_mm256_and_si256(x, magnitude), shift);
-        best = _mm256_max_epi16(best, key);
-        if (finite) least = _mm256_min_epi16(least, key);
+        best = _mm256_max_epi16(best, _mm256_add_epi16(_mm256_and_si256(x, magnitude), shift));
     }
     m = _mm_max_epi16(m, _mm_max_epi16(_mm256_castsi256_si128(best), _mm256_extracti128_si256(best, 1)));
     if (i < n) {
         const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i *>(in + i));
-        const __m128i key = _mm_add_epi16(_mm_and_si128(x, _mm256_castsi256_si128(magnitude)),
-                                          _mm256_castsi256_si128(shift));
-        m = _mm_max_epi16(m, key);
-        if (finite) least = _mm256_min_epi16(least, _mm256_zextsi128_si256(key));
+        m = _mm_max_epi16(m, _mm_add_epi16(_mm_and_si128(x, _mm256_castsi256_si128(magnitude)),
+                                           _mm256_castsi256_si128(shift)));
     }
-    if (finite && _mm256_movemask_epi8(least) & 0xAAAAAAAA) *finite = false;
     m = _mm_max_epi16(m, _mm_srli_si128(m, 8));
     m = _mm_max_epi16(m, _mm_srli_si128(m, 4));
     m = _mm_max_epi16(m, _mm_srli_si128(m, 2));
@@ -435,7 +428,7 @@ template <> struct codec<avx2_f32> : avx2_f32 {
         }
         if (finite) return true;
         for (int j = 0; j < 16; ++j)
-            out[j] = amax_16bit_by<avx2_f32, __m256i>(src + j * stride, dt, n);
+            out[j] = amax_16bit(src + j * stride, dt, n);
         return false;
     }
     // The low 16 bits of each lane (values in [0, 65535]), as 8 packed 16-bit values.
