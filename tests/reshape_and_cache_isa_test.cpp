@@ -201,7 +201,7 @@ struct e2e_case {
     int k_mask, v_mask; // -1: none
     dim t, h, d, bs, nb;
     bool slots32;
-    bool finite = false; // inputs without NaN and inf (x64:avx512's finite bf16 groups skip the clamp)
+    bool finite = false; // inputs without NaN and inf (the x64 kernels' finite bf16 groups skip the clamp)
 };
 
 std::string case_name(const e2e_case &c) {
