@@ -275,14 +275,17 @@ __attribute__((always_inline)) inline void prefetch_ahead(const char *current, d
     _mm_prefetch(current + ahead, _MM_HINT_T1);
 }
 
-// Scores of N rows against one 16-token group of a packed K block: out[r][t] = q_r . k_t.
-// The group's pair of dims is decoded first, then each row's two q values are broadcast once and
-// used at once: N x lanes accumulators + 2 x lanes K vectors + 2 broadcasts fit the 16 ymm registers
-// of AVX2 for N = 4 (an accumulator spilled to the stack would put a store-to-load forward into its
-// dependency chain).
-template <typename V, int N, data_type k_type, bool may_hold_nan = true>
-void packed_scores(const char *k_group, dim k_size, const float *q, dim d, float *out, dim out_stride,
-                   dim ahead) {
+// Scores of N rows against G 16-token groups of packed K blocks: out[r][16 g + t] = q_r . k_t of
+// group g. The groups' pair of dims is decoded first, then each row's two q values are broadcast
+// once and used at once: N x lanes x G accumulators + 2 x lanes x G K vectors + 2 broadcasts fit
+// the 16 ymm registers of AVX2 for N = 4, G = 1 (an accumulator spilled to the stack would put a
+// store-to-load forward into its dependency chain). With 16-lane vectors a broadcast serves 2
+// groups (G = 2): one per FMA, with the keys' loads and the prefetches, was more than the core's
+// ~2 loads per cycle (bare loop: 16 FMAs, each with its own broadcast, plus 4 key loads and 2
+// prefetches, 12.4 cycles; 8.5 with the broadcasts in registers).
+template <typename V, int N, int G, data_type k_type, bool may_hold_nan = true>
+void packed_scores(const char *const *k_groups, dim k_size, const float *q, dim d, float *out, dim out_stride,
+                   const dim *ahead) {
     using R = typename V::reg;
     constexpr int width = V::width, lanes = 16 / width;
     constexpr dim pair_bytes = 32 * (k_type == data_type::f32                                ? 4
@@ -294,43 +297,49 @@ void packed_scores(const char *k_group, dim k_size, const float *q, dim d, float
     // bound by the FMA latency at half the FMA throughput. 16 ymm registers hold 8 sums at most
     // (N = 4, two vectors each: 8 chains already).
     constexpr int registers = width == 16 ? 32 : 16;
-    constexpr int chains = 4 * N * lanes + 2 * lanes + 2 <= registers   ? 4
-                           : 2 * N * lanes + 2 * lanes + 2 <= registers ? 2
-                                                                        : 1;
-    R s[N][lanes][chains];
+    constexpr int sums = N * lanes * G, keys = 2 * lanes * G;
+    constexpr int chains = 4 * sums + keys + 2 <= registers ? 4 : 2 * sums + keys + 2 <= registers ? 2 : 1;
+    R s[N][G][lanes][chains];
     for (int r = 0; r < N; ++r)
-        for (int v = 0; v < lanes; ++v)
-            for (int c = 0; c < chains; ++c)
-                s[r][v][c] = V::zero();
+        for (int g = 0; g < G; ++g)
+            for (int v = 0; v < lanes; ++v)
+                for (int c = 0; c < chains; ++c)
+                    s[r][g][v][c] = V::zero();
     constexpr int pairs_per_step = chains == 4 ? 2 : 1; // d / 2 is a multiple of 4 (d % 8 == 0)
     for (dim pair0 = 0; pair0 < d / 2; pair0 += pairs_per_step)
         for (int h = 0; h < pairs_per_step; ++h) {
             const dim pair = pair0 + h;
-            R first[lanes], second[lanes];
-            for (int v = 0; v < lanes; ++v)
-                V::template load_pair<may_hold_nan>(k_group + (pair * 32 + v * 2 * width) * k_size, k_type,
-                                                    first[v], second[v]);
-            for (dim line = 0; line < pair_bytes; line += 64)
-                prefetch_ahead(k_group + pair * pair_bytes + line, ahead);
+            R first[G][lanes], second[G][lanes];
+            for (int g = 0; g < G; ++g)
+                for (int v = 0; v < lanes; ++v)
+                    V::template load_pair<may_hold_nan>(k_groups[g] + (pair * 32 + v * 2 * width) * k_size,
+                                                        k_type, first[g][v], second[g][v]);
+            for (int g = 0; g < G; ++g)
+                for (dim line = 0; line < pair_bytes; line += 64)
+                    prefetch_ahead(k_groups[g] + pair * pair_bytes + line, ahead[g]);
             // the first of the pair into chain c, the second into c + 1 (one chain: both into 0)
             constexpr int second_offset = chains > 1 ? 1 : 0;
             const int c = chains == 4 ? 2 * h : 0;
             for (int r = 0; r < N; ++r) {
                 const R q0 = V::set1(q[r * d + 2 * pair]);
-                for (int v = 0; v < lanes; ++v)
-                    s[r][v][c] = V::fma(q0, first[v], s[r][v][c]);
+                for (int g = 0; g < G; ++g)
+                    for (int v = 0; v < lanes; ++v)
+                        s[r][g][v][c] = V::fma(q0, first[g][v], s[r][g][v][c]);
                 const R q1 = V::set1(q[r * d + 2 * pair + 1]);
-                for (int v = 0; v < lanes; ++v)
-                    s[r][v][c + second_offset] = V::fma(q1, second[v], s[r][v][c + second_offset]);
+                for (int g = 0; g < G; ++g)
+                    for (int v = 0; v < lanes; ++v)
+                        s[r][g][v][c + second_offset] =
+                                V::fma(q1, second[g][v], s[r][g][v][c + second_offset]);
             }
         }
     for (int r = 0; r < N; ++r)
-        for (int v = 0; v < lanes; ++v) {
-            R sum = s[r][v][0];
-            for (int c = 1; c < chains; ++c)
-                sum = V::add(sum, s[r][v][c]);
-            V::store(out + r * out_stride + v * width, sum);
-        }
+        for (int g = 0; g < G; ++g)
+            for (int v = 0; v < lanes; ++v) {
+                R sum = s[r][g][v][0];
+                for (int c = 1; c < chains; ++c)
+                    sum = V::add(sum, s[r][g][v][c]);
+                V::store(out + r * out_stride + g * 16 + v * width, sum);
+            }
 }
 
 // Scores by bf16 pair products of N rows against G 16-token groups: q_pairs holds the rows' q as
@@ -641,30 +650,45 @@ void packed_values(const packed_values_rows &job) {
 }
 
 // The cache type as a template argument, so that the decoding in the inner loops is fixed at
-// compile time; N rows.
-template <typename V, int N>
-void packed_scores_of(data_type k_type, bool nan_free, const char *k_group, dim k_size, const float *q, dim d,
-                      float *out, dim out_stride, dim ahead) {
+// compile time; N rows against G groups.
+template <typename V, int N, int G>
+void packed_scores_of(data_type k_type, bool nan_free, const char *const *k_groups, dim k_size,
+                      const float *q, dim d, float *out, dim out_stride, const dim *ahead) {
     switch (k_type) {
         case data_type::f32:
-            packed_scores<V, N, data_type::f32>(k_group, k_size, q, d, out, out_stride, ahead);
+            packed_scores<V, N, G, data_type::f32>(k_groups, k_size, q, d, out, out_stride, ahead);
             break;
         case data_type::bf16:
-            packed_scores<V, N, data_type::bf16>(k_group, k_size, q, d, out, out_stride, ahead);
+            packed_scores<V, N, G, data_type::bf16>(k_groups, k_size, q, d, out, out_stride, ahead);
             break;
         case data_type::f16:
-            packed_scores<V, N, data_type::f16>(k_group, k_size, q, d, out, out_stride, ahead);
+            packed_scores<V, N, G, data_type::f16>(k_groups, k_size, q, d, out, out_stride, ahead);
             break;
         case data_type::f8_e4m3:
             if (nan_free)
-                packed_scores<V, N, data_type::f8_e4m3, false>(k_group, k_size, q, d, out, out_stride, ahead);
+                packed_scores<V, N, G, data_type::f8_e4m3, false>(k_groups, k_size, q, d, out, out_stride,
+                                                                  ahead);
             else
-                packed_scores<V, N, data_type::f8_e4m3>(k_group, k_size, q, d, out, out_stride, ahead);
+                packed_scores<V, N, G, data_type::f8_e4m3>(k_groups, k_size, q, d, out, out_stride, ahead);
             break;
         default:
-            packed_scores<V, N, data_type::f8_e5m2>(k_group, k_size, q, d, out, out_stride, ahead);
+            packed_scores<V, N, G, data_type::f8_e5m2>(k_groups, k_size, q, d, out, out_stride, ahead);
             break;
     }
+}
+
+// N rows against the chunk's groups: 2 at a time with 16-lane vectors (packed_scores), else 1.
+template <typename V, int N>
+void packed_scores_groups(data_type k_type, bool nan_free, const char *const *k_groups, dim groups,
+                          dim k_size, const float *q, dim d, float *out, dim out_stride, const dim *ahead) {
+    dim g = 0;
+    if constexpr (V::width == 16)
+        for (; g + 2 <= groups; g += 2)
+            packed_scores_of<V, N, 2>(k_type, nan_free, k_groups + g, k_size, q, d, out + g * 16, out_stride,
+                                      ahead + g);
+    for (; g < groups; ++g)
+        packed_scores_of<V, N, 1>(k_type, nan_free, k_groups + g, k_size, q, d, out + g * 16, out_stride,
+                                  ahead + g);
 }
 
 // N rows against G groups, the key type as a template argument.
@@ -982,35 +1006,39 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                 r0 += n;
             }
         } else {
+            const char *k_groups[max_chunk_groups];
+            dim ahead[max_chunk_groups];
+            for (dim g = 0; g < chunk.count; ++g) {
+                k_groups[g] = k_group_of(g);
+                ahead[g] = k_once ? 0 : k_ahead[g];
+            }
+            const dim groups = tokens / 16;
             for (dim r0 = 0, n; r0 < rows; r0 += n) {
                 n = rows - r0 >= row_block ? row_block : std::min<dim>(4, rows - r0);
                 const float *qr = q + r0 * d;
-                for (dim g = 0; g < tokens / 16; ++g) {
-                    const char *k_group = k_group_of(g);
-                    float *out = probability + r0 * packed_chunk + g * 16;
-                    switch (n) {
-                        case 8:
-                            if constexpr (row_block == 8)
-                                packed_scores_of<V, 8>(k_source_type, k_nan_free, k_group, k_source_size, qr,
-                                                       d, out, packed_chunk, k_once ? 0 : k_ahead[g]);
-                            break;
-                        case 4:
-                            packed_scores_of<V, 4>(k_source_type, k_nan_free, k_group, k_source_size, qr, d,
-                                                   out, packed_chunk, k_once ? 0 : k_ahead[g]);
-                            break;
-                        case 3:
-                            packed_scores_of<V, 3>(k_source_type, k_nan_free, k_group, k_source_size, qr, d,
-                                                   out, packed_chunk, k_once ? 0 : k_ahead[g]);
-                            break;
-                        case 2:
-                            packed_scores_of<V, 2>(k_source_type, k_nan_free, k_group, k_source_size, qr, d,
-                                                   out, packed_chunk, k_once ? 0 : k_ahead[g]);
-                            break;
-                        default:
-                            packed_scores_of<V, 1>(k_source_type, k_nan_free, k_group, k_source_size, qr, d,
-                                                   out, packed_chunk, k_once ? 0 : k_ahead[g]);
-                            break;
-                    }
+                float *out = probability + r0 * packed_chunk;
+                switch (n) {
+                    case 8:
+                        if constexpr (row_block == 8)
+                            packed_scores_groups<V, 8>(k_source_type, k_nan_free, k_groups, groups,
+                                                       k_source_size, qr, d, out, packed_chunk, ahead);
+                        break;
+                    case 4:
+                        packed_scores_groups<V, 4>(k_source_type, k_nan_free, k_groups, groups, k_source_size,
+                                                   qr, d, out, packed_chunk, ahead);
+                        break;
+                    case 3:
+                        packed_scores_groups<V, 3>(k_source_type, k_nan_free, k_groups, groups, k_source_size,
+                                                   qr, d, out, packed_chunk, ahead);
+                        break;
+                    case 2:
+                        packed_scores_groups<V, 2>(k_source_type, k_nan_free, k_groups, groups, k_source_size,
+                                                   qr, d, out, packed_chunk, ahead);
+                        break;
+                    default:
+                        packed_scores_groups<V, 1>(k_source_type, k_nan_free, k_groups, groups, k_source_size,
+                                                   qr, d, out, packed_chunk, ahead);
+                        break;
                 }
             }
         }
