@@ -155,7 +155,8 @@ void run_plan(const paged_attention_problem &p, const paged_attention_arguments 
         float *buffer = reinterpret_cast<float *>(scratch.get());
         for (size_t i = first; i != last; ++i) {
             const work_item &item = plan.items[i];
-            impl.run_item(p, a, item, buffer, item.partial < 0 ? nullptr : partials + item.partial * stride);
+            impl.run_item(p, a, item, i + 1 != last ? &plan.items[i + 1] : nullptr, buffer,
+                          item.partial < 0 ? nullptr : partials + item.partial * stride);
         }
     });
     if (plan.groups.empty()) return;

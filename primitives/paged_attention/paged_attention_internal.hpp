@@ -46,9 +46,10 @@ struct paged_attention_implementation {
     /// Computes one work item with `scratch_bytes_per_thread` bytes of `scratch`: into dst, or,
     /// when `partial` is not null (a split KV range), into the partial result: rows x head_size
     /// unnormalized outputs (V scales applied), then rows maxima, then rows sums; sinks are left
-    /// to the merge.
+    /// to the merge. `next` (may be null) is the item this thread runs next: its first KV lines
+    /// can be fetched while this one's last chunk computes.
     void (*run_item)(const paged_attention_problem &, const paged_attention_arguments &, const work_item &,
-                     float *scratch, float *partial);
+                     const work_item *next, float *scratch, float *partial);
 };
 
 /// The list, best first, reference last (implementation_list.cpp).

@@ -42,7 +42,8 @@ size_t scratch_bytes(const paged_attention_problem &p) {
 }
 
 void run_item(const paged_attention_problem &p, const paged_attention_arguments &a, const work_item &item,
-              float *scratch, float *partial) {
+              const work_item * /*next: the reference fetches nothing ahead*/, float *scratch,
+              float *partial) {
     const scratch_layout layout(p);
     const dim group = p.q_heads / p.kv_heads, d = p.head_size, bs = p.block_size;
     const auto &o = p.options;

@@ -796,7 +796,7 @@ inline bool e4m3_without_nan(const char *codes, dim n) {
 // large ones.
 template <typename V>
 void run_item_packed(const paged_attention_problem &p, const paged_attention_arguments &a,
-                     const work_item &item, float *scratch, float *partial) {
+                     const work_item &item, const work_item *next_item, float *scratch, float *partial) {
     using R = typename V::reg;
     constexpr int width = V::width;
     // Rows whose scores stay in registers per pass of f32 products: 8 with 32 vector registers
@@ -887,32 +887,44 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         const char *k[max_chunk_groups], *v[max_chunk_groups];
         dim scale[max_chunk_groups]; // index of the group's first per-token scale
     };
-    auto groups_of = [&](dim c0, dim c1) {
+    auto groups_of = [&](const work_item &of, dim c0, dim c1) {
         chunk_groups cg;
         cg.count = (c1 - c0) / 16;
         for (dim g = 0; g < cg.count; ++g) {
             const dim t = c0 + 16 * g, offset = t % bs;
-            const dim block = a.block_table[item.seq * a.block_table_stride + t / bs];
+            const dim block = a.block_table[of.seq * a.block_table_stride + t / bs];
             cg.k[g] = static_cast<const char *>(a.k_cache) +
-                      (k_view.region(block, item.kv_head) + offset * d) * k_size;
+                      (k_view.region(block, of.kv_head) + offset * d) * k_size;
             cg.v[g] = static_cast<const char *>(a.v_cache) +
-                      (v_view.region(block, item.kv_head) + offset / 2 * 32) * v_size;
-            cg.scale[g] = (block * p.kv_heads + item.kv_head) * bs + offset;
+                      (v_view.region(block, of.kv_head) + offset / 2 * 32) * v_size;
+            cg.scale[g] = (block * p.kv_heads + of.kv_head) * bs + offset;
         }
         return cg;
+    };
+    // The first chunk of an item, as the loop below walks it (none if its KV range is empty).
+    auto first_chunk_of = [&](const work_item &of) {
+        const dim c0 = of.kv_begin / 16 * 16;
+        return of.kv_begin < of.kv_end
+                       ? groups_of(of, c0, std::min(c0 + packed_chunk, (of.kv_end + 15) / 16 * 16))
+                       : chunk_groups {};
     };
     const dim kv_end16 = (item.kv_end + 15) / 16 * 16;
 
     for (dim c0 = item.kv_begin / 16 * 16; c0 < item.kv_end;) {
         const dim c1 = std::min(c0 + packed_chunk, kv_end16);
         const dim tokens = c1 - c0; // a multiple of 16
-        const chunk_groups chunk = groups_of(c0, c1);
-        // From each group's K and V to the next chunk's group at the same position (0: none).
+        const chunk_groups chunk = groups_of(item, c0, c1);
+        // From each group's K and V to the next chunk's group at the same position (0: none). After
+        // the item's last chunk, the next item's first: otherwise its first chunk, read from memory
+        // with nothing fetched ahead, cost 1 of every 32 chunks of a 4096-token split piece about
+        // its memory time.
         dim k_ahead[max_chunk_groups] = {}, v_ahead[max_chunk_groups] = {};
-        dim next_count = 0;
-        if (c1 < item.kv_end) {
-            const chunk_groups next = groups_of(c1, std::min(c1 + packed_chunk, kv_end16));
-            next_count = next.count;
+        dim next_count = 0; // of the item's own next chunk
+        if (c1 < item.kv_end || next_item) {
+            const chunk_groups next = c1 < item.kv_end
+                                              ? groups_of(item, c1, std::min(c1 + packed_chunk, kv_end16))
+                                              : first_chunk_of(*next_item);
+            if (c1 < item.kv_end) next_count = next.count;
             for (dim g = 0; g < std::min(chunk.count, next.count); ++g) {
                 k_ahead[g] = next.k[g] - chunk.k[g];
                 v_ahead[g] = next.v[g] - chunk.v[g];
@@ -1266,9 +1278,9 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
 
 template <typename V>
 void run_item(const paged_attention_problem &p, const paged_attention_arguments &a, const work_item &item,
-              float *scratch, float *partial) {
+              const work_item *next, float *scratch, float *partial) {
     if (p.k_cache.get_layout() == layout::packed)
-        run_item_packed<V>(p, a, item, scratch, partial);
+        run_item_packed<V>(p, a, item, next, scratch, partial);
     else
         run_item_plain<V>(p, a, item, scratch, partial);
 }
