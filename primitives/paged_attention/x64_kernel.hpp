@@ -847,12 +847,11 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
     uint32_t *q_pairs = reinterpret_cast<uint32_t *>(q) + rows * d / 2;
     if constexpr (V::pair_products) {
         uint32_t *row_major = reinterpret_cast<uint32_t *>(q);
-        for (dim i = 0; i < rows * d; i += 2) {
-            uint32_t low, high;
-            std::memcpy(&low, &q[i], 4);
-            std::memcpy(&high, &q[i + 1], 4);
-            row_major[i / 2] = low >> 16 | (high & 0xFFFF0000u);
-        }
+        // By the bf16 conversion, 32 values per step: exact here, as the values came from bf16 (their
+        // denormals become zeros, as the products read them anyway). rows x d is a multiple of 16
+        // (decline). Element by element, this scalar loop of rows x d / 2 steps per item took ~3 us of
+        // a one-thread verify call's ~18 us of fixed cost.
+        V::store_as_bf16_pairs(q, rows * d, row_major);
         if (tiles) { // the A tiles' rows: bf16 q, zeros beyond D and below the last row
             std::memset(tile_q, 0, static_cast<size_t>(rows_tiles * d_tiles) * 2);
             for (dim r = 0; r < rows; ++r)
