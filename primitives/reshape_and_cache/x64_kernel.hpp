@@ -85,6 +85,16 @@ auto fp8_grid_f16(typename C::reg y) {
     return C::to_f16(C::sub(C::add(clamped, c), c));
 }
 
+// A bf16 or f16 value's bits as f32 (exact). A template on the vector type, as everything compiled
+// with an ISA's flags here: one inline copy would serve every ISA file's callers.
+template <typename V> float bits_16bit_to_f32(uint16_t bits, data_type dt) {
+    if (dt == data_type::f16) return _cvtsh_ss(bits);
+    const uint32_t f = static_cast<uint32_t>(bits) << 16;
+    float x;
+    std::memcpy(&x, &f, sizeof x);
+    return x;
+}
+
 // The largest finite |x| of n bf16 or f16 values (n a multiple of 8), 0 if none: a signed max over
 // the magnitude bits plus an offset that makes exactly the non-finite ones negative (the magnitude
 // order of finite values is their bits' order). W: __m256i or __m512i, the widest whole loads.
@@ -121,12 +131,7 @@ template <typename V, typename W> float amax_16bit_by(const void *src, data_type
     m = _mm_max_epi16(m, _mm_srli_si128(m, 8));
     m = _mm_max_epi16(m, _mm_srli_si128(m, 4));
     m = _mm_max_epi16(m, _mm_srli_si128(m, 2));
-    const auto bits = static_cast<uint16_t>(_mm_extract_epi16(m, 0) - offset);
-    if (dt == data_type::f16) return _cvtsh_ss(bits);
-    const uint32_t f = static_cast<uint32_t>(bits) << 16;
-    float x;
-    std::memcpy(&x, &f, sizeof x);
-    return x;
+    return bits_16bit_to_f32<V>(static_cast<uint16_t>(_mm_extract_epi16(m, 0) - offset), dt);
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
@@ -419,12 +424,7 @@ template <> struct codec<avx2_f32> : avx2_f32 {
             const uint32_t bits = units[u] & 0xFFFF;
             finite = finite && bits < infinity;
             const int row = u / 8 * 8 + 2 * (u % 4) + u % 8 / 4;
-            if (dt == data_type::f16) {
-                out[row] = _cvtsh_ss(static_cast<unsigned short>(bits));
-            } else {
-                const uint32_t f = bits << 16;
-                std::memcpy(&out[row], &f, sizeof f);
-            }
+            out[row] = bits_16bit_to_f32<avx2_f32>(static_cast<uint16_t>(bits), dt);
         }
         if (finite) return true;
         for (int j = 0; j < 16; ++j)
