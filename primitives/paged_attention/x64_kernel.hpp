@@ -900,17 +900,18 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         }
         return cg;
     };
+    // Where an item's chunk from c0 ends: packed_chunk tokens on, or its range's last 16-token group.
+    auto chunk_end = [&](const work_item &of, dim c0) {
+        return std::min(c0 + packed_chunk, (of.kv_end + 15) / 16 * 16);
+    };
     // The first chunk of an item, as the loop below walks it (none if its KV range is empty).
     auto first_chunk_of = [&](const work_item &of) {
         const dim c0 = of.kv_begin / 16 * 16;
-        return of.kv_begin < of.kv_end
-                       ? groups_of(of, c0, std::min(c0 + packed_chunk, (of.kv_end + 15) / 16 * 16))
-                       : chunk_groups {};
+        return of.kv_begin < of.kv_end ? groups_of(of, c0, chunk_end(of, c0)) : chunk_groups {};
     };
-    const dim kv_end16 = (item.kv_end + 15) / 16 * 16;
 
     for (dim c0 = item.kv_begin / 16 * 16; c0 < item.kv_end;) {
-        const dim c1 = std::min(c0 + packed_chunk, kv_end16);
+        const dim c1 = chunk_end(item, c0);
         const dim tokens = c1 - c0; // a multiple of 16
         const chunk_groups chunk = groups_of(item, c0, c1);
         // From each group's K and V to the next chunk's group at the same position (0: none). After
@@ -920,9 +921,8 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         dim k_ahead[max_chunk_groups] = {}, v_ahead[max_chunk_groups] = {};
         dim next_count = 0; // of the item's own next chunk
         if (c1 < item.kv_end || next_item) {
-            const chunk_groups next = c1 < item.kv_end
-                                              ? groups_of(item, c1, std::min(c1 + packed_chunk, kv_end16))
-                                              : first_chunk_of(*next_item);
+            const chunk_groups next =
+                    c1 < item.kv_end ? groups_of(item, c1, chunk_end(item, c1)) : first_chunk_of(*next_item);
             if (c1 < item.kv_end) next_count = next.count;
             for (dim g = 0; g < std::min(chunk.count, next.count); ++g) {
                 k_ahead[g] = next.k[g] - chunk.k[g];
