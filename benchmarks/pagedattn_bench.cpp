@@ -8,10 +8,15 @@
 // also measured once at the start (the header line and the CSV's ceiling rows).
 //
 //   pagedattn_bench [--csv PATH] [--filter decode|verify|prefill|reshape|cost] [--reps N] [--no-flush]
-//                  [--small-pages] [--context N] [--isa LIST]
+//                  [--small-pages] [--context N] [--isa LIST] [--kv-heads N] [--block-size N]
 // --isa avx2,avx512,avx512_bf16,amx,all runs every case once per ISA cap of the list (the attribute
 // primitive_attr::set_max_cpu_isa on both primitives), so that one run compares the implementations:
 // the impl column names what each cap chose.
+// --kv-heads 1|2|4 runs the attention cases as one rank of a tensor-parallel deployment sees them:
+// N kv heads and 4N q heads (GQA 4, as 32/8), the batch 8/N times larger, so that every case reads
+// the cache bytes and does the products of its 32/8 form; the batch column shows the larger batch.
+// --block-size N: every attention case's cache blocks hold N tokens (by default decode runs 128 and
+// 16, the other kinds 128). Neither changes --filter cost or reshape.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -214,6 +219,8 @@ struct config {
     bool huge_pages = true; // --small-pages: 4 KiB pages for every buffer
     big_array<uint64_t> flush_buffer;
     long context = 0;           // --context N: only the decode shapes of that context (while tuning a kernel)
+    long kv_heads = 8;          // --kv-heads N (q heads 4N, batches x 8/N)
+    long block_size = 0;        // --block-size N (0: the defaults)
     cpu_isa cap = cpu_isa::all; // the cap of the current pass (--isa)
     std::unique_ptr<ceilings> machine;
     double dram = 0, matmul_bf16 = 0, matmul_f32 = 0; // measured at the start
@@ -250,7 +257,7 @@ struct attention_case {
     long batch, q_len, context, block_size;
     data_type cache_type;
     bool causal;
-    dim hq = 32, hkv = 8, d = 128;
+    dim hq, hkv, d = 128;
     big_array<uint8_t> k_cache, v_cache;
     std::vector<uint16_t> query, dst;
     std::vector<int32_t> block_table, seq_lens, query_start_loc;
@@ -259,9 +266,9 @@ struct attention_case {
     tensor_desc cache_md;
 
     attention_case(long batch_, long q_len_, long context_, long block_size_, data_type dt, bool causal_,
-                   bool huge_pages, cpu_isa cap)
+                   bool huge_pages, cpu_isa cap, dim kv_heads = 8)
         : batch(batch_), q_len(q_len_), context(context_), block_size(block_size_), cache_type(dt),
-          causal(causal_) {
+          causal(causal_), hq(4 * kv_heads), hkv(kv_heads) {
         dnnl::engine eng(dnnl::engine::kind::cpu, 0);
         const dim blocks_per_seq = (context + block_size - 1) / block_size;
         const dim num_blocks = batch * blocks_per_seq;
@@ -414,17 +421,27 @@ void time_attention(config &cfg, const std::string &kind, std::vector<attention_
 
 void run_attention(config &cfg) {
     const data_type types[] = { data_type::bf16, data_type::f8_e4m3, data_type::f8_e5m2 };
+    // Every case as --kv-heads and --block-size shape it (see the top).
+    const long scale = 8 / cfg.kv_heads, bs = cfg.block_size ? cfg.block_size : 128;
+    auto add = [&](std::vector<attention_case> &cases, long batch, long q_len, long context, long block_size,
+                   data_type dt) {
+        cases.emplace_back(batch * scale, q_len, context, block_size, dt, true, cfg.huge_pages, cfg.cap,
+                           cfg.kv_heads);
+    };
     if (cfg.wants("decode")) {
         // 1 and 8 sequences of one context alternate too: their GB/s are compared.
+        std::vector<long> block_sizes { 128L, 16L };
+        if (cfg.block_size) block_sizes = { cfg.block_size };
         for (long context : { 128L, 512L, 2048L, 8192L, 32768L })
-            for (long block_size : { 128L, 16L }) {
-                if (block_size == 16 && context != 8192) continue; // 16 is reported beside, at one size
+            for (long block_size : block_sizes) {
+                if (!cfg.block_size && block_size == 16 && context != 8192)
+                    continue; // 16 is reported beside, at one size
                 if (cfg.context && context != cfg.context) continue;
                 std::vector<attention_case> cases;
                 cases.reserve(6);
                 for (long batch : { 1L, 8L })
                     for (data_type dt : types)
-                        cases.emplace_back(batch, 1, context, block_size, dt, true, cfg.huge_pages, cfg.cap);
+                        add(cases, batch, 1, context, block_size, dt);
                 std::vector<attention_case *> pointers;
                 for (attention_case &c : cases)
                     pointers.push_back(&c);
@@ -432,8 +449,8 @@ void run_attention(config &cfg) {
             }
         std::vector<attention_case> cases;
         cases.reserve(2);
-        cases.emplace_back(1, 1, 8192, 128, data_type::bf16, true, cfg.huge_pages, cfg.cap);
-        cases.emplace_back(1, 1, 8192, 128, data_type::f8_e4m3, true, cfg.huge_pages, cfg.cap);
+        add(cases, 1, 1, 8192, bs, data_type::bf16);
+        add(cases, 1, 1, 8192, bs, data_type::f8_e4m3);
         time_attention(cfg, "decode", { &cases[0], &cases[1] }, 1, true);
     }
     if (cfg.wants("verify")) {
@@ -441,7 +458,7 @@ void run_attention(config &cfg) {
         cases.reserve(4);
         for (long q_len : { 4L, 1L })
             for (data_type dt : { data_type::bf16, data_type::f8_e4m3 })
-                cases.emplace_back(8, q_len, 2048, 128, dt, true, cfg.huge_pages, cfg.cap);
+                add(cases, 8, q_len, 2048, bs, dt);
         time_attention(cfg, "verify", { &cases[0], &cases[1], &cases[2], &cases[3] }, 2, true);
     }
     if (cfg.wants("prefill")) {
@@ -449,7 +466,7 @@ void run_attention(config &cfg) {
             std::vector<attention_case> cases;
             cases.reserve(2);
             for (data_type dt : { data_type::bf16, data_type::f8_e4m3 })
-                cases.emplace_back(1, n, n, 128, dt, true, cfg.huge_pages, cfg.cap);
+                add(cases, 1, n, n, bs, dt);
             time_attention(cfg, "prefill", { &cases[0], &cases[1] }, 2, false);
         }
     }
@@ -712,7 +729,19 @@ int main(int argc, char **argv) {
             cfg.reps = std::max(1, std::atoi(argv[++i]));
         else if (a == "--context" && i + 1 < argc)
             cfg.context = std::atol(argv[++i]);
-        else if (a == "--isa" && i + 1 < argc) {
+        else if (a == "--kv-heads" && i + 1 < argc) {
+            cfg.kv_heads = std::atol(argv[++i]);
+            if (cfg.kv_heads != 1 && cfg.kv_heads != 2 && cfg.kv_heads != 4 && cfg.kv_heads != 8) {
+                std::fprintf(stderr, "pagedattn_bench: --kv-heads takes 1, 2, 4 or 8\n");
+                return 2;
+            }
+        } else if (a == "--block-size" && i + 1 < argc) {
+            cfg.block_size = std::atol(argv[++i]);
+            if (cfg.block_size < 16 || cfg.block_size % 16) {
+                std::fprintf(stderr, "pagedattn_bench: --block-size takes a multiple of 16\n");
+                return 2;
+            }
+        } else if (a == "--isa" && i + 1 < argc) {
             caps.clear();
             std::string list = argv[++i];
             for (size_t start = 0; start <= list.size();) {
@@ -729,16 +758,17 @@ int main(int argc, char **argv) {
                 start = end + 1;
             }
         } else {
-            std::printf(
-                    "usage: %s [--csv PATH] [--filter decode|verify|prefill|reshape|cost] [--reps N] "
-                    "[--no-flush] [--small-pages] [--context N] [--isa avx2,avx512,avx512_bf16,amx,all]\n",
-                    argv[0]);
+            std::printf("usage: %s [--csv PATH] [--filter decode|verify|prefill|reshape|cost] [--reps N] "
+                        "[--no-flush] [--small-pages] [--context N] [--isa avx2,avx512,avx512_bf16,amx,all] "
+                        "[--kv-heads 1|2|4|8] [--block-size N]\n",
+                        argv[0]);
             return a == "--help" ? 0 : 2;
         }
     }
     try {
-        std::printf("host ISA %s, threads %d\n", cpu_isa_name(get_max_cpu_isa()),
-                    tbb::this_task_arena::max_concurrency());
+        std::printf("host ISA %s, threads %d; attention cases: %ld/%ld heads (q/kv)%s\n",
+                    cpu_isa_name(get_max_cpu_isa()), tbb::this_task_arena::max_concurrency(),
+                    4 * cfg.kv_heads, cfg.kv_heads, cfg.kv_heads == 8 ? "" : ", batches x 8/kv heads");
         cfg.flush_buffer = big_array<uint64_t>(size_t(96) << 17, cfg.huge_pages, 1);
         cfg.machine = std::make_unique<ceilings>(cfg.huge_pages);
         ceilings &m = *cfg.machine;
