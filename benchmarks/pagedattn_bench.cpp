@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include <immintrin.h>
 #include <sys/mman.h>
 
 #include <tbb/parallel_for.h>
@@ -117,6 +118,21 @@ __attribute__((target("avx2"))) uint64_t sum_words_avx2(const uint64_t *p, size_
         s3 += p[i + 3];
     }
     return s0 + s1 + s2 + s3;
+}
+
+// One (block, head) region read whole while every line of the next one is prefetched, as the
+// kernels read a cache (T1: into L2, one prefetch per line, one region ahead).
+__attribute__((target("avx2"))) uint64_t read_region_avx2(const char *region, const char *next,
+                                                          size_t bytes) {
+    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+    for (size_t o = 0; o < bytes; o += 64) {
+        _mm_prefetch(next + o, _MM_HINT_T1);
+        s0 = _mm256_add_epi64(s0, _mm256_load_si256(reinterpret_cast<const __m256i *>(region + o)));
+        s1 = _mm256_add_epi64(s1, _mm256_load_si256(reinterpret_cast<const __m256i *>(region + o + 32)));
+    }
+    alignas(32) uint64_t lanes[4];
+    _mm256_store_si256(reinterpret_cast<__m256i *>(lanes), _mm256_add_epi64(s0, s1));
+    return lanes[0] + lanes[1] + lanes[2] + lanes[3];
 }
 
 // The machine's ceilings, one repetition at a time: a group of cases alternates its repetitions
@@ -209,7 +225,8 @@ struct row {
     std::string kind, cache, impl;
     long batch, q_len, context, block_size, threads;
     double median_ms, gb_per_s, gflop_per_s, fraction_of_ceiling;
-    double ceiling; // measured beside the case: DRAM read GB/s, or for prefill matmul GFLOP/s
+    double ceiling;  // measured beside the case: DRAM read GB/s, or for prefill matmul GFLOP/s
+    double walk = 0; // decode and verify: the walk ceiling's GB/s, measured beside the case (0: none)
 };
 
 struct config {
@@ -325,17 +342,61 @@ struct attention_case {
                                     : double(batch) * q_len * context;
         return 4.0 * hq * d * pairs;
     }
+
+    /// The walk ceiling: GB/s of a bare read of this case's caches in the order the kernels read
+    /// them, compute aside. Items (sequence, kv head) in the plan's order, shared among the arena's
+    /// threads by TBB as the plan's items are (KV ranges unsplit); each walks its sequence's block
+    /// table, the (block, head) region of K then of V (packed: contiguous, at the block and head
+    /// strides), prefetching the next region's lines. Scattered blocks make this pattern slower
+    /// than the sequential DRAM read on some hosts, the more so the smaller the regions (FP8, few
+    /// kv heads, small blocks): `wfrac` then separates the kernels' share from the pattern's.
+    double walk_gb_per_s() const {
+        const size_t element = data_type_size(cache_type), region = size_t(block_size * d) * element;
+        const dims &strides = cache_md.get_strides();
+        const dim width = static_cast<dim>(block_table.size()) / batch,
+                  blocks = (context + block_size - 1) / block_size;
+        auto address = [&](const big_array<uint8_t> &cache, dim seq, dim head, dim j) {
+            const dim block = block_table[static_cast<size_t>(seq * width + j)];
+            return reinterpret_cast<const char *>(cache.data()) +
+                   static_cast<size_t>(block * strides[0] + head * strides[1]) * element;
+        };
+        const auto start = clock_type::now();
+        const uint64_t sum = tbb::parallel_reduce(
+                tbb::blocked_range<dim>(0, batch * hkv, 1), uint64_t(0),
+                [&](const tbb::blocked_range<dim> &r, uint64_t acc) {
+                    for (dim item = r.begin(); item != r.end(); ++item) {
+                        const dim seq = item / hkv, head = item % hkv;
+                        for (dim j = 0; j < blocks; ++j) {
+                            const dim next = std::min(j + 1, blocks - 1);
+                            acc += read_region_avx2(address(k_cache, seq, head, j),
+                                                    address(k_cache, seq, head, next), region);
+                            acc += read_region_avx2(address(v_cache, seq, head, j),
+                                                    address(v_cache, seq, head, next), region);
+                        }
+                    }
+                    return acc;
+                },
+                std::plus<uint64_t>());
+        const double seconds = seconds_since(start);
+        static volatile uint64_t sink;
+        sink = sink + sum;
+        return 2.0 * batch * hkv * blocks * region / seconds / 1e9;
+    }
 };
 
 void print_row(const row &r) {
-    std::printf("%-8s %5ld %5ld %7ld %-8s %5ld %3ld %-16s %10.3f %8.1f %8.1f %7.1f %6.2f\n", r.kind.c_str(),
+    std::printf("%-8s %5ld %5ld %7ld %-8s %5ld %3ld %-16s %10.3f %8.1f %8.1f %7.1f %6.2f", r.kind.c_str(),
                 r.batch, r.q_len, r.context, r.cache.c_str(), r.block_size, r.threads, r.impl.c_str(),
                 r.median_ms, r.gb_per_s, r.gflop_per_s, r.ceiling, r.fraction_of_ceiling);
+    if (r.walk > 0)
+        std::printf(" %7.1f %6.2f\n", r.walk, r.gb_per_s / r.walk);
+    else
+        std::printf("\n");
     std::fflush(stdout);
 }
 
 void report(config &cfg, const std::string &kind, const attention_case &c, long threads, double seconds,
-            double ceiling) {
+            double ceiling, double walk = 0) {
     row r;
     r.kind = kind;
     r.cache = data_type_name(c.cache_type);
@@ -350,6 +411,7 @@ void report(config &cfg, const std::string &kind, const attention_case &c, long 
     r.gflop_per_s = c.flops() / seconds / 1e9;
     r.ceiling = ceiling;
     r.fraction_of_ceiling = ceiling > 0 ? (kind == "prefill" ? r.gflop_per_s : r.gb_per_s) / ceiling : 0;
+    r.walk = walk;
     cfg.rows.push_back(r);
     print_row(r);
 }
@@ -357,6 +419,7 @@ void report(config &cfg, const std::string &kind, const attention_case &c, long 
 struct timings {
     std::vector<double> seconds; // median per case
     double ceiling;              // median of the ceiling's repetitions
+    std::vector<double> walks;   // median of each case's walk ceiling (when given)
 };
 
 // Times cases with alternating repetitions (after two warm-ups): each repetition runs every case
@@ -364,10 +427,13 @@ struct timings {
 // of the ceiling. `flush`: the caches are evicted before each case. `ceiling_between` false: the
 // ceiling's repetitions follow the cases' instead (oneDNN's matmul runs on OpenMP threads that
 // spin for a while after it, which slowed the next case by up to 40%).
+// `walks`, when given: each case's walk ceiling, run right after the case (flushed likewise) in
+// its arena.
 timings time_alternating(config &cfg, const std::vector<std::function<void()>> &cases, long threads,
-                         bool flush, const std::function<double()> &ceiling, bool ceiling_between = true) {
+                         bool flush, const std::function<double()> &ceiling, bool ceiling_between = true,
+                         const std::vector<std::function<double()>> *walks = nullptr) {
     tbb::task_arena arena(static_cast<int>(threads));
-    std::vector<std::vector<double>> times(cases.size());
+    std::vector<std::vector<double>> times(cases.size()), walk_values(cases.size());
     std::vector<double> ceiling_values;
     for (int rep = -2; rep < cfg.reps; ++rep) {
         for (size_t i = 0; i < cases.size(); ++i) {
@@ -378,6 +444,11 @@ timings time_alternating(config &cfg, const std::vector<std::function<void()>> &
             const auto start = clock_type::now();
             arena.execute(cases[i]);
             if (rep >= 0) times[i].push_back(seconds_since(start));
+            if (!walks) continue;
+            if (flush && cfg.flush) arena.execute([&] { flush_caches(cfg.flush_buffer); });
+            double gb_per_s = 0;
+            arena.execute([&] { gb_per_s = (*walks)[i](); });
+            if (rep >= 0) walk_values[i].push_back(gb_per_s);
         }
         if (!ceiling_between) continue;
         const double c = ceiling(); // with all threads, as at the start
@@ -388,8 +459,10 @@ timings time_alternating(config &cfg, const std::vector<std::function<void()>> &
         if (rep >= 0) ceiling_values.push_back(c);
     }
     timings t;
-    for (const auto &case_times : times)
-        t.seconds.push_back(median(case_times));
+    for (size_t i = 0; i < cases.size(); ++i) {
+        t.seconds.push_back(median(times[i]));
+        t.walks.push_back(walks ? median(walk_values[i]) : 0.0);
+    }
     t.ceiling = median(ceiling_values);
     return t;
 }
@@ -407,16 +480,20 @@ void time_attention(config &cfg, const std::string &kind, std::vector<attention_
     dnnl::engine eng(dnnl::engine::kind::cpu, 0);
     dnnl::stream s(eng);
     std::vector<std::function<void()>> runs;
-    for (attention_case *c : cases)
+    std::vector<std::function<double()>> walks;
+    for (attention_case *c : cases) {
         runs.push_back([c, &s] { c->run(s); });
+        walks.push_back([c] { return c->walk_gb_per_s(); });
+    }
     ceilings &m = *cfg.machine;
-    const timings t =
-            kind == "prefill"
-                    ? time_alternating(
-                              cfg, runs, threads, flush, [&] { return m.prefill_gflop_per_s(); }, false)
-                    : time_alternating(cfg, runs, threads, flush, [&] { return m.dram_read_gb_per_s(); });
+    const timings t = kind == "prefill" ? time_alternating(
+                                                  cfg, runs, threads, flush,
+                                                  [&] { return m.prefill_gflop_per_s(); }, false)
+                                        : time_alternating(
+                                                  cfg, runs, threads, flush,
+                                                  [&] { return m.dram_read_gb_per_s(); }, true, &walks);
     for (size_t i = 0; i < cases.size(); ++i)
-        report(cfg, kind, *cases[i], threads, t.seconds[i], t.ceiling);
+        report(cfg, kind, *cases[i], threads, t.seconds[i], t.ceiling, t.walks[i]);
 }
 
 void run_attention(config &cfg) {
@@ -782,10 +859,14 @@ int main(int argc, char **argv) {
         std::printf(
                 "ceil: the ceiling measured beside the case, its repetitions alternating with the case's:\n"
                 "DRAM read GB/s (decode, verify, reshape), %s matmul GFLOP/s (prefill); frac: the case's\n"
-                "GB/s or GFLOP/s over it\n\n",
+                "GB/s or GFLOP/s over it; walk (decode, verify): GB/s of a bare read of the case's caches "
+                "in\n"
+                "its kernels' order, scattered blocks and all, also beside it; wfrac: the case's GB/s over "
+                "it\n\n",
                 m.has_bf16_matmul() ? "bf16" : "f32");
-        std::printf("%-8s %5s %5s %7s %-8s %5s %3s %-16s %10s %8s %8s %7s %6s\n", "kind", "batch", "q_len",
-                    "context", "cache", "bs", "thr", "impl", "median_ms", "GB/s", "GFLOP/s", "ceil", "frac");
+        std::printf("%-8s %5s %5s %7s %-8s %5s %3s %-16s %10s %8s %8s %7s %6s %7s %6s\n", "kind", "batch",
+                    "q_len", "context", "cache", "bs", "thr", "impl", "median_ms", "GB/s", "GFLOP/s", "ceil",
+                    "frac", "walk", "wfrac");
         for (cpu_isa cap : caps) {
             cfg.cap = cap;
             run_attention(cfg);
@@ -799,18 +880,20 @@ int main(int argc, char **argv) {
     if (!cfg.csv.empty()) {
         std::ofstream out(cfg.csv);
         out << "kind,batch,q_len,context,cache,block_size,threads,median_ms,gb_per_s,gflop_per_s,fraction_of_"
-               "ceiling,ceiling,impl\n";
+               "ceiling,ceiling,impl,walk_gb_per_s\n";
         const int threads = tbb::this_task_arena::max_concurrency();
         // The ceilings measured at the start, before the cases (each case's own is in its row).
-        out << "ceiling_dram_read,0,0,0,,0," << threads << ",0," << cfg.dram << ",0,1," << cfg.dram << ",\n";
+        out << "ceiling_dram_read,0,0,0,,0," << threads << ",0," << cfg.dram << ",0,1," << cfg.dram
+            << ",,0\n";
         out << "ceiling_bf16_matmul,0,0,0,,0," << threads << ",0,0," << cfg.matmul_bf16 << ",1,"
-            << cfg.matmul_bf16 << ",\n";
+            << cfg.matmul_bf16 << ",,0\n";
         out << "ceiling_f32_matmul,0,0,0,,0," << threads << ",0,0," << cfg.matmul_f32 << ",1,"
-            << cfg.matmul_f32 << ",\n";
+            << cfg.matmul_f32 << ",,0\n";
         for (const row &r : cfg.rows)
             out << r.kind << ',' << r.batch << ',' << r.q_len << ',' << r.context << ',' << r.cache << ','
                 << r.block_size << ',' << r.threads << ',' << r.median_ms << ',' << r.gb_per_s << ','
-                << r.gflop_per_s << ',' << r.fraction_of_ceiling << ',' << r.ceiling << ',' << r.impl << '\n';
+                << r.gflop_per_s << ',' << r.fraction_of_ceiling << ',' << r.ceiling << ',' << r.impl << ','
+                << r.walk << '\n';
     }
     return 0;
 }
