@@ -120,8 +120,8 @@ __attribute__((target("avx2"))) uint64_t sum_words_avx2(const uint64_t *p, size_
     return s0 + s1 + s2 + s3;
 }
 
-// One (block, head) region read whole while every line of the next one is prefetched, as the
-// kernels read a cache (T1: into L2, one prefetch per line, one region ahead).
+// One (block, head) region read whole while every line of a later one is prefetched, as the
+// kernels read a cache (T1: into L2, one prefetch per line).
 __attribute__((target("avx2"))) uint64_t read_region_avx2(const char *region, const char *next,
                                                           size_t bytes) {
     __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
@@ -346,15 +346,18 @@ struct attention_case {
     /// The walk ceiling: GB/s of a bare read of this case's caches in the order the kernels read
     /// them, compute aside. Items (sequence, kv head) in the plan's order, shared among the arena's
     /// threads by TBB as the plan's items are (KV ranges unsplit); each walks its sequence's block
-    /// table, the (block, head) region of K then of V (packed: contiguous, at the block and head
-    /// strides), prefetching the next region's lines. Scattered blocks make this pattern slower
+    /// table a chunk of 128 tokens at a time, as the kernels do: the chunk's (block, head) regions of
+    /// K, then of V (packed: contiguous, at the block and head strides), each read while the lines
+    /// of the region 128 tokens further on are prefetched (the item's last chunk: nothing new).
+    /// Scattered blocks make this pattern slower
     /// than the sequential DRAM read on some hosts, the more so the smaller the regions (FP8, few
     /// kv heads, small blocks): `wfrac` then separates the kernels' share from the pattern's.
     double walk_gb_per_s() const {
         const size_t element = data_type_size(cache_type), region = size_t(block_size * d) * element;
         const dims &strides = cache_md.get_strides();
         const dim width = static_cast<dim>(block_table.size()) / batch,
-                  blocks = (context + block_size - 1) / block_size;
+                  blocks = (context + block_size - 1) / block_size,
+                  ahead = std::max<dim>(1, 128 / block_size);
         auto address = [&](const big_array<uint8_t> &cache, dim seq, dim head, dim j) {
             const dim block = block_table[static_cast<size_t>(seq * width + j)];
             return reinterpret_cast<const char *>(cache.data()) +
@@ -366,12 +369,14 @@ struct attention_case {
                 [&](const tbb::blocked_range<dim> &r, uint64_t acc) {
                     for (dim item = r.begin(); item != r.end(); ++item) {
                         const dim seq = item / hkv, head = item % hkv;
-                        for (dim j = 0; j < blocks; ++j) {
-                            const dim next = std::min(j + 1, blocks - 1);
-                            acc += read_region_avx2(address(k_cache, seq, head, j),
-                                                    address(k_cache, seq, head, next), region);
-                            acc += read_region_avx2(address(v_cache, seq, head, j),
-                                                    address(v_cache, seq, head, next), region);
+                        for (dim chunk = 0; chunk < blocks; chunk += ahead) {
+                            const dim end = std::min(chunk + ahead, blocks);
+                            for (const big_array<uint8_t> *cache : { &k_cache, &v_cache })
+                                for (dim j = chunk; j < end; ++j)
+                                    acc += read_region_avx2(
+                                            address(*cache, seq, head, j),
+                                            address(*cache, seq, head, std::min(j + ahead, blocks - 1)),
+                                            region);
                         }
                     }
                     return acc;
