@@ -357,14 +357,6 @@ void packed_pair_scores(const char *const *k_groups, dim k_size, const uint32_t 
         for (int g = 0; g < G; ++g)
             for (int c = 0; c < chains; ++c)
                 s[r][g][c] = V::zero();
-    // Groups side by side in memory whose next chunk lies alike (one block): the next chunk's lines
-    // are prefetched in address order, one stream rather than G interleaved ones (with the values'
-    // likewise, 8 x 8192 bf16 decode read ~6% more; the x64:avx2 kernel, which walks one group and
-    // one 16-dim row at a time, had read 13% more than this one).
-    const dim group_bytes = 16 * d * k_size;
-    bool in_order = G > 1;
-    for (int g = 1; g < G && in_order; ++g)
-        in_order = k_groups[g] == k_groups[0] + g * group_bytes && ahead[g] == ahead[0];
     // FP8 keys are decoded two rows of pairs (64 codes, one line) at a time: the byte tables' cost
     // per code halves.
     constexpr int rows_per_load = k_type == data_type::bf16 ? 1 : 2;
@@ -378,15 +370,7 @@ void packed_pair_scores(const char *const *k_groups, dim k_size, const uint32_t 
                     V::load_two_bf16_pairs(k_pairs, k_type, k[0][g], k[1][g]);
                 else
                     k[0][g] = V::load_bf16_pairs(k_pairs, k_type);
-                if (k_type == data_type::bf16 || (pair + c) % 2 == 0) {
-                    if (in_order) // line (pair, g) of the walk: the (pair x G + g)-th of the groups'
-                        prefetch_ahead(k_groups[0] +
-                                               ((k_type == data_type::bf16 ? pair + c : (pair + c) / 2) * G +
-                                                g) * 64,
-                                       ahead[0]);
-                    else
-                        prefetch_ahead(k_pairs, ahead[g]);
-                }
+                if (k_type == data_type::bf16 || (pair + c) % 2 == 0) prefetch_ahead(k_pairs, ahead[g]);
             }
             for (int h = 0; h < rows_per_load; ++h) {
                 const int chain = (c + h) % chains;
@@ -426,9 +410,6 @@ constexpr int max_chunk_groups = packed_chunk / 16;
 struct packed_values_rows {
     const char *group[max_chunk_groups];
     dim ahead[max_chunk_groups]; // bytes from group g's values to the next chunk's group g
-    // The next chunk's V region when this chunk and the next are each one whole block's (null
-    // otherwise): its lines are then prefetched in address order (below).
-    const char *next_region;
     dim dims_group_stride;
     data_type v_type;
     bool nan_free; // e4m3 values known to hold no NaN code (load_pair skips its patch)
@@ -493,23 +474,16 @@ __attribute__((always_inline)) inline void packed_values_slice(const packed_valu
         auto starts_line = [](int i) {
             return !(width == 8 && v_type != data_type::f32 && S >= 2 && i % 2 == 1);
         };
-        // In address order where the next chunk is a whole block: the slice's S rows of 16 dims
-        // lie side by side there, and line (pair, i) of the walk is the slice's
-        // (pair x S + i)-th, so the memory sees one stream instead of S interleaved ones.
-        const char *in_order =
-                job.next_region ? job.next_region + (v0 * width / 16) * job.dims_group_stride : nullptr;
         // The lines prefetched advance by a constant per token pair, the pairs being walked in
         // order from group_begin (indexed by the pair, the loop's scalar work and spills had
         // outweighed its products).
         const char *prefetch_at[S];
-        const dim prefetch_step = in_order ? S * step : step;
         for (int i = 0; i < S; ++i)
-            prefetch_at[i] =
-                    in_order ? in_order + ((group_begin - job.first_pair) * S + i) * step : rows[i] + ahead;
+            prefetch_at[i] = rows[i] + ahead;
         auto prefetch_next = [&]() __attribute__((always_inline)) {
             for (int i = 0; i < S; ++i) {
                 if (starts_line(i)) _mm_prefetch(prefetch_at[i], _MM_HINT_T1);
-                prefetch_at[i] += prefetch_step;
+                prefetch_at[i] += step;
             }
         };
         if constexpr (pair_probabilities) {
@@ -930,11 +904,9 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         // with nothing fetched ahead, cost 1 of every 32 chunks of a 4096-token split piece about
         // its memory time.
         dim k_ahead[max_chunk_groups] = {}, v_ahead[max_chunk_groups] = {};
-        dim next_count = 0; // of the item's own next chunk
         if (c1 < item.kv_end || next_item) {
             const chunk_groups next =
                     c1 < item.kv_end ? groups_of(item, c1, chunk_end(item, c1)) : first_chunk_of(*next_item);
-            if (c1 < item.kv_end) next_count = next.count;
             for (dim g = 0; g < std::min(chunk.count, next.count); ++g) {
                 k_ahead[g] = next.k[g] - chunk.k[g];
                 v_ahead[g] = next.v[g] - chunk.v[g];
@@ -1177,11 +1149,6 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
 
         // Values: acc (rows x D) = acc * correction + probabilities x V, 16 dims x a token pair
         // per V row.
-        // This chunk and the next each one whole block, its groups in order (bs == chunk tokens).
-        bool whole_blocks = tokens == bs && chunk.count == tokens / 16 && next_count == chunk.count &&
-                            c0 >= item.kv_begin && c1 <= item.kv_end;
-        for (dim g = 1; g < chunk.count && whole_blocks; ++g)
-            whole_blocks = chunk.v[g] == chunk.v[0] + g * 8 * 32 * v_size && v_ahead[g] == v_ahead[0];
         const dim first_pair = (std::max(item.kv_begin, c0) - c0) / 2;
         const dim end_pair = (std::min(item.kv_end, c1) - c0 + 1) / 2;
         // Rows per pass: every V element decoded once per pass serves them all (4: a GQA group of
@@ -1251,10 +1218,6 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                 job.ahead[g] = v_once ? 0 : v_ahead[g];
             }
             job.dims_group_stride = 16 * (v_once ? packed_chunk : bs) * source_size;
-            // (16-lane vectors only: each is a row of 16 dims; 8-lane slices walk one row already)
-            job.next_region = width == 16 && !v_once && v_ahead[0] != 0 && whole_blocks
-                                      ? chunk.v[0] + v_ahead[0]
-                                      : nullptr;
             job.v_type = v_source_type;
             job.nan_free = v_nan_free;
             job.v_size = source_size;
