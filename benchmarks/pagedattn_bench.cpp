@@ -349,9 +349,9 @@ struct attention_case {
     /// table a chunk of 128 tokens at a time, as the kernels do: the chunk's (block, head) regions of
     /// K, then of V (packed: contiguous, at the block and head strides), each read while the lines
     /// of the region 128 tokens further on are prefetched (the item's last chunk: nothing new).
-    /// Scattered blocks make this pattern slower
-    /// than the sequential DRAM read on some hosts, the more so the smaller the regions (FP8, few
-    /// kv heads, small blocks): `wfrac` then separates the kernels' share from the pattern's.
+    /// Scattered blocks can make this pattern slower than the sequential DRAM read (on the
+    /// development VM: FP8 with 1-2 kv heads and 128-token blocks); `wfrac` then separates the
+    /// kernels' share from the pattern's.
     double walk_gb_per_s() const {
         const size_t element = data_type_size(cache_type), region = size_t(block_size * d) * element;
         const dims &strides = cache_md.get_strides();
