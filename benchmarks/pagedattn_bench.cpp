@@ -440,17 +440,20 @@ timings time_alternating(config &cfg, const std::vector<std::function<void()>> &
     tbb::task_arena arena(static_cast<int>(threads));
     std::vector<std::vector<double>> times(cases.size()), walk_values(cases.size());
     std::vector<double> ceiling_values;
+    // The flush runs in the case's arena, whose worker threads then stay in it as an engine's do
+    // from step to step (flushing from the default arena left the case ~30 us of waking and joining
+    // them: 1 x 8192 decode read 86-93% of the GB/s of 8 x 8192, now 94-100%).
+    auto flush_if_asked = [&] {
+        if (flush && cfg.flush) arena.execute([&] { flush_caches(cfg.flush_buffer); });
+    };
     for (int rep = -2; rep < cfg.reps; ++rep) {
         for (size_t i = 0; i < cases.size(); ++i) {
-            // The flush runs in the case's arena, whose worker threads then stay in it as an engine's
-            // do from step to step (flushing from the default arena left the case ~30 us of waking
-            // and joining them: 1 x 8192 decode read 86-93% of the GB/s of 8 x 8192, now 94-100%).
-            if (flush && cfg.flush) arena.execute([&] { flush_caches(cfg.flush_buffer); });
+            flush_if_asked();
             const auto start = clock_type::now();
             arena.execute(cases[i]);
             if (rep >= 0) times[i].push_back(seconds_since(start));
             if (!walks) continue;
-            if (flush && cfg.flush) arena.execute([&] { flush_caches(cfg.flush_buffer); });
+            flush_if_asked();
             double gb_per_s = 0;
             arena.execute([&] { gb_per_s = (*walks)[i](); });
             if (rep >= 0) walk_values[i].push_back(gb_per_s);
@@ -864,10 +867,8 @@ int main(int argc, char **argv) {
         std::printf(
                 "ceil: the ceiling measured beside the case, its repetitions alternating with the case's:\n"
                 "DRAM read GB/s (decode, verify, reshape), %s matmul GFLOP/s (prefill); frac: the case's\n"
-                "GB/s or GFLOP/s over it; walk (decode, verify): GB/s of a bare read of the case's caches "
-                "in\n"
-                "its kernels' order, scattered blocks and all, also beside it; wfrac: the case's GB/s over "
-                "it\n\n",
+                "GB/s or GFLOP/s over it; walk (decode, verify): GB/s of a bare read of the case's\n"
+                "caches in its kernels' order, also beside it; wfrac: the case's GB/s over it\n\n",
                 m.has_bf16_matmul() ? "bf16" : "f32");
         std::printf("%-8s %5s %5s %7s %-8s %5s %3s %-16s %10s %8s %8s %7s %6s %7s %6s\n", "kind", "batch",
                     "q_len", "context", "cache", "bs", "thr", "impl", "median_ms", "GB/s", "GFLOP/s", "ceil",
