@@ -639,11 +639,11 @@ void packed_scores_of(data_type k_type, bool nan_free, const char *const *k_grou
             packed_scores<V, N, G, data_type::f16>(k_groups, k_size, q, d, out, out_stride, ahead);
             break;
         case data_type::f8_e4m3:
-            if (nan_free)
-                packed_scores<V, N, G, data_type::f8_e4m3, false>(k_groups, k_size, q, d, out, out_stride,
-                                                                  ahead);
-            else
-                packed_scores<V, N, G, data_type::f8_e4m3>(k_groups, k_size, q, d, out, out_stride, ahead);
+            if constexpr (V::e4m3_nan_scan)
+                if (nan_free)
+                    return packed_scores<V, N, G, data_type::f8_e4m3, false>(k_groups, k_size, q, d, out,
+                                                                             out_stride, ahead);
+            packed_scores<V, N, G, data_type::f8_e4m3>(k_groups, k_size, q, d, out, out_stride, ahead);
             break;
         default:
             packed_scores<V, N, G, data_type::f8_e5m2>(k_groups, k_size, q, d, out, out_stride, ahead);
@@ -724,10 +724,9 @@ template <typename V, int N> void packed_values_of(const packed_values_rows &job
         case data_type::bf16: packed_values<V, N, data_type::bf16>(job); break;
         case data_type::f16: packed_values<V, N, data_type::f16>(job); break;
         case data_type::f8_e4m3:
-            if (job.nan_free)
-                packed_values<V, N, data_type::f8_e4m3, false>(job);
-            else
-                packed_values<V, N, data_type::f8_e4m3>(job);
+            if constexpr (V::e4m3_nan_scan)
+                if (job.nan_free) return packed_values<V, N, data_type::f8_e4m3, false>(job);
+            packed_values<V, N, data_type::f8_e4m3>(job);
             break;
         default: packed_values<V, N, data_type::f8_e5m2>(job); break;
     }
@@ -750,19 +749,9 @@ void store_decoded(float *copy, data_type dt, dim index, typename V::reg first, 
 }
 
 // Whether n bytes of e4m3 codes (n a multiple of 128) hold no NaN code (S.1111.111): their largest
-// magnitude is below 0x7F. Decoding a chunk known to hold none skips the NaN patch, 3 of e4m3's 9
-// vector operations per 16 codes on AVX2; the scan costs 2 per 32 codes, or per 64 with AVX-512.
+// magnitude is below 0x7F. On AVX2 (V::e4m3_nan_scan) decoding a chunk known to hold none skips the
+// NaN patch, 2 vector operations per 16 codes beside decoding's 7; the scan costs 2 per 32 codes.
 inline bool e4m3_without_nan(const char *codes, dim n) {
-#if defined(__AVX512BW__)
-    const __m512i magnitude = _mm512_set1_epi8(0x7F);
-    auto magnitudes = [&](dim i) { return _mm512_and_si512(_mm512_loadu_si512(codes + i), magnitude); };
-    __m512i a = _mm512_setzero_si512(), b = a;
-    for (dim i = 0; i < n; i += 128) {
-        a = _mm512_max_epu8(a, magnitudes(i));
-        b = _mm512_max_epu8(b, magnitudes(i + 64));
-    }
-    return _mm512_cmpeq_epi8_mask(_mm512_max_epu8(a, b), magnitude) == 0;
-#else
     const __m256i magnitude = _mm256_set1_epi8(0x7F);
     auto magnitudes = [&](dim i) {
         return _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(codes + i)), magnitude);
@@ -773,7 +762,6 @@ inline bool e4m3_without_nan(const char *codes, dim n) {
         b = _mm256_max_epu8(b, _mm256_max_epu8(magnitudes(i + 64), magnitudes(i + 96)));
     }
     return _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(a, b), magnitude)) == 0;
-#endif
 }
 
 // The packed layout (block_size % 16 == 0): chunks of up to eight 16-token groups, each found through
@@ -944,9 +932,12 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         const dim k_source_size = static_cast<dim>(data_type_size(k_source_type));
         // Keys too: a NaN code must decode to NaN here as everywhere (rows that see one have no
         // defined output, but the reference's are NaN-valued).
-        bool k_nan_free = !V::pair_products && k_source_type == data_type::f8_e4m3;
-        for (dim g = 0; g < chunk.count && k_nan_free; ++g)
-            k_nan_free = e4m3_without_nan(chunk.k[g], 16 * d);
+        bool k_nan_free = false;
+        if constexpr (V::e4m3_nan_scan) {
+            k_nan_free = !V::pair_products && k_source_type == data_type::f8_e4m3;
+            for (dim g = 0; g < chunk.count && k_nan_free; ++g)
+                k_nan_free = e4m3_without_nan(chunk.k[g], 16 * d);
+        }
         auto k_group_of = [&](dim g) { // the group's keys, as stored or decoded
             return k_once ? reinterpret_cast<const char *>(k_decoded) + g * k_group_elements * k_source_size
                           : chunk.k[g];
@@ -1159,10 +1150,13 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         // of this chunk for every dims group, at the element positions of a packed_chunk-token block.
         const bool v_once = rows > value_rows && v_type != data_type::f32 && v_type != data_type::bf16;
         const data_type v_source_type = v_once ? decoded_type(v_type) : v_type;
-        bool v_nan_free = !V::fp8_by_table && v_source_type == data_type::f8_e4m3; // 8 pairs x 32 per group
-        for (dim g = 0; g < chunk.count && v_nan_free; ++g)
-            for (dim dims_group = 0; dims_group < d / 16 && v_nan_free; ++dims_group)
-                v_nan_free = e4m3_without_nan(chunk.v[g] + dims_group * 16 * bs, 8 * 32);
+        bool v_nan_free = false;
+        if constexpr (V::e4m3_nan_scan) {
+            v_nan_free = !V::fp8_by_table && v_source_type == data_type::f8_e4m3; // 8 pairs x 32 per group
+            for (dim g = 0; g < chunk.count && v_nan_free; ++g)
+                for (dim dims_group = 0; dims_group < d / 16 && v_nan_free; ++dims_group)
+                    v_nan_free = e4m3_without_nan(chunk.v[g] + dims_group * 16 * bs, 8 * 32);
+        }
         bool v_staged = false;
         if constexpr (V::pair_products) {
             // FP8 for pair products: 64 codes (two token pairs of a 16-dim row, one line) to bf16
