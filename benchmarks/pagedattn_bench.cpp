@@ -12,7 +12,7 @@
 // --isa avx2,avx512,avx512_bf16,amx,all runs every case once per ISA cap of the list (the attribute
 // primitive_attr::set_max_cpu_isa on both primitives), so that one run compares the implementations:
 // the impl column names what each cap chose.
-// --kv-heads 1|2|4 runs the attention cases as one rank of a tensor-parallel deployment sees them:
+// --kv-heads 1|2|4|8 runs the attention cases as one rank of a tensor-parallel deployment sees them:
 // N kv heads and 4N q heads (GQA 4, as 32/8), the batch 8/N times larger, so that every case reads
 // the cache bytes and does the products of its 32/8 form; the batch column shows the larger batch.
 // --block-size N: every attention case's cache blocks hold N tokens (by default decode runs 128 and
