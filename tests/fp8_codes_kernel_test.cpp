@@ -7,12 +7,20 @@
 //   values: a one-hot softmax (score 448 against 0: every other weight underflows) selects one token,
 //           the others' values are 0, and dst is exactly the selected token's dequantized V row;
 //   keys:   two tokens, score x = q * k_code against 0, dst[0] = 1 / (1 + exp(-x)) in fp64.
+// Each case runs as well with flush-to-zero and denormals-are-zero set in the caller's MXCSR (x86):
+// FP8 subnormals must come out exact there too.
 #include <cmath>
 #include <cstring>
 #include <ostream>
+#include <unordered_map>
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#define PAGEDATTN_TEST_MXCSR 1
+#endif
 
 #include "pagedattn/pagedattn.hpp"
 #include "reference_formats.hpp"
@@ -37,6 +45,7 @@ struct setup {
     pa::layout l;
     pa::data_type q_dt;   // f32 or bf16 (the values used are exact in bf16)
     pa::data_type dst_dt; // f32 or bf16 (with bf16, x64:avx512_bf16 multiplies the values in bf16 pairs)
+    bool flush = false;   // FTZ and DAZ set in MXCSR around each execute
     pa::dim tokens;
     pa::dim head_size;
     pa::dim q_heads; // all with the same query
@@ -45,6 +54,7 @@ struct setup {
     std::vector<float> q, dst;
     pa::tensor_desc cache_md;
     std::vector<uint16_t> q_bf16, dst_bf16;
+    std::vector<float> v_scales; // per token (block, head, token), when the primitive has that mask
 
     setup(pa::data_type dt_, pa::layout l_, pa::data_type q_dt_, pa::data_type dst_dt_, pa::dim tokens_,
           pa::dim q_heads_, pa::dim head_size_ = 16)
@@ -86,26 +96,44 @@ struct setup {
         const void *query =
                 q_dt == pa::data_type::bf16 ? static_cast<const void *>(q_bf16.data()) : q_rows.data();
         dnnl::stream s(dnnl::engine(dnnl::engine::kind::cpu, 0));
-        prim.execute(s,
-                     { { pa::ARG_QUERY, pa::tensor({ { 1, q_heads, head_size }, q_dt }, query) },
-                       { pa::ARG_K_CACHE, pa::tensor(cache_md, k.data()) },
-                       { pa::ARG_V_CACHE, pa::tensor(cache_md, v.data()) },
-                       { pa::ARG_BLOCK_TABLE,
-                         pa::tensor({ { 1, static_cast<pa::dim>(table.size()) }, pa::data_type::s32 },
-                                    table.data()) },
-                       { pa::ARG_SEQ_LENS, pa::tensor({ { 1 }, pa::data_type::s32 }, lens.data()) },
-                       { pa::ARG_QUERY_START_LOC, pa::tensor({ { 2 }, pa::data_type::s32 }, starts.data()) },
-                       { pa::ARG_DST,
-                         pa::tensor({ { 1, q_heads, head_size }, dst_dt },
-                                    dst_dt == pa::data_type::bf16 ? static_cast<void *>(dst_bf16.data())
-                                                                  : static_cast<void *>(dst.data())) } });
+        std::unordered_map<int, pa::tensor> args {
+            { pa::ARG_QUERY, pa::tensor({ { 1, q_heads, head_size }, q_dt }, query) },
+            { pa::ARG_K_CACHE, pa::tensor(cache_md, k.data()) },
+            { pa::ARG_V_CACHE, pa::tensor(cache_md, v.data()) },
+            { pa::ARG_BLOCK_TABLE,
+              pa::tensor({ { 1, static_cast<pa::dim>(table.size()) }, pa::data_type::s32 }, table.data()) },
+            { pa::ARG_SEQ_LENS, pa::tensor({ { 1 }, pa::data_type::s32 }, lens.data()) },
+            { pa::ARG_QUERY_START_LOC, pa::tensor({ { 2 }, pa::data_type::s32 }, starts.data()) },
+            { pa::ARG_DST, pa::tensor({ { 1, q_heads, head_size }, dst_dt },
+                                      dst_dt == pa::data_type::bf16 ? static_cast<void *>(dst_bf16.data())
+                                                                    : static_cast<void *>(dst.data())) }
+        };
+        if (!v_scales.empty())
+            args[pa::ARG_V_SCALES] = pa::tensor(
+                    { { cache_md.get_dims()[0], 1, block_size }, pa::data_type::f32 }, v_scales.data());
+#ifdef PAGEDATTN_TEST_MXCSR
+        const unsigned saved = _mm_getcsr();
+        if (flush) _mm_setcsr(saved | 0x8040u); // FTZ (bit 15) and DAZ (bit 6)
+#endif
+        prim.execute(s, args);
+        s.wait();
+#ifdef PAGEDATTN_TEST_MXCSR
+        const unsigned after = _mm_getcsr();
+        _mm_setcsr(saved);
+        // Control bits only: the exception flags (bits 0-5) are sticky.
+        if (flush) {
+            EXPECT_EQ(after & ~0x3Fu, (saved | 0x8040u) & ~0x3Fu) << "the library changed the caller's MXCSR";
+        }
+#endif
         if (dst_dt == pa::data_type::bf16)
             for (size_t i = 0; i < dst.size(); ++i) { // bf16 bits are an f32's top half
                 const uint32_t bits = static_cast<uint32_t>(dst_bf16[i]) << 16;
                 std::memcpy(&dst[i], &bits, 4);
             }
     }
-    float out(pa::dim head, pa::dim d) const { return dst[static_cast<size_t>(head * head_size + d)]; }
+    float out(pa::dim head, pa::dim d) const {
+        return dst[static_cast<size_t>(head * head_size + d)];
+    }
 };
 
 reference::format format_of(pa::data_type dt) {
@@ -117,10 +145,12 @@ struct param {
     pa::layout l;
     pa::data_type q_dt, dst_dt;
     pa::dim q_heads;
+    bool flush; // FTZ and DAZ in the caller's MXCSR
 };
 void PrintTo(const param &p, std::ostream *os) {
     *os << pa::data_type_name(p.dt) << " " << pa::layout_name(p.l) << " query " << pa::data_type_name(p.q_dt)
-        << " dst " << pa::data_type_name(p.dst_dt) << " " << p.q_heads << " q heads";
+        << " dst " << pa::data_type_name(p.dst_dt) << " " << p.q_heads << " q heads"
+        << (p.flush ? " FTZ DAZ" : "");
 }
 
 class fp8_codes : public ::testing::TestWithParam<param> {};
@@ -130,6 +160,7 @@ TEST_P(fp8_codes, every_value_code_is_dequantized_exactly) {
     const reference::format f = format_of(p.dt);
     setup s(p.dt, p.l, p.q_dt, p.dst_dt, 17,
             p.q_heads); // head size 16: token 0 selects, the 16 others hold 16 codes each
+    s.flush = p.flush;
     const uint8_t big = p.dt == pa::data_type::f8_e4m3 ? 0x7E : 0x5F; // 448, and 448 in e5m2 too
     pa::paged_attention::primitive_desc pd(dnnl::engine(dnnl::engine::kind::cpu, 0), s.desc());
     do {
@@ -164,6 +195,7 @@ TEST_P(fp8_codes, every_finite_key_code_is_dequantized_exactly) {
     const param p = GetParam();
     const reference::format f = format_of(p.dt);
     setup s(p.dt, p.l, p.q_dt, p.dst_dt, 2, p.q_heads);
+    s.flush = p.flush;
     pa::paged_attention::primitive_desc pd(dnnl::engine(dnnl::engine::kind::cpu, 0), s.desc());
     do {
         SCOPED_TRACE(std::string(pd.impl_info_str()) + (p.l == pa::layout::packed ? " packed" : " plain"));
@@ -205,6 +237,7 @@ TEST_P(fp8_codes, a_nan_value_anywhere_in_the_range_reaches_dst) {
     const param p = GetParam();
     const pa::dim tokens = 160, d_size = 128;
     setup s(p.dt, p.l, p.q_dt, p.dst_dt, tokens, p.q_heads, d_size);
+    s.flush = p.flush;
     const uint8_t nan_code = p.dt == pa::data_type::f8_e4m3 ? 0x7F : 0x7E;
     pa::paged_attention::primitive_desc pd(dnnl::engine(dnnl::engine::kind::cpu, 0), s.desc());
     do {
@@ -229,6 +262,35 @@ TEST_P(fp8_codes, a_nan_value_anywhere_in_the_range_reaches_dst) {
     } while (pd.next_impl());
 }
 
+// A NaN key anywhere in the range makes the score of its token NaN, and so every output of the
+// rows that see it (as in the oracle). Kernels that check a chunk's e4m3 key codes for NaN to skip
+// its decoding patch must check all of them; the keys are otherwise 0 and the values 1.
+TEST_P(fp8_codes, a_nan_key_anywhere_in_the_range_makes_the_rows_nan) {
+    const param p = GetParam();
+    const pa::dim tokens = 160, d_size = 128;
+    setup s(p.dt, p.l, p.q_dt, p.dst_dt, tokens, p.q_heads, d_size);
+    s.flush = p.flush;
+    const uint8_t nan_code = p.dt == pa::data_type::f8_e4m3 ? 0x7F : 0x7E,
+                  one = p.dt == pa::data_type::f8_e4m3 ? 0x38 : 0x3C;
+    std::fill(s.q.begin(), s.q.end(), 1.f);
+    pa::paged_attention::primitive_desc pd(dnnl::engine(dnnl::engine::kind::cpu, 0), s.desc());
+    do {
+        SCOPED_TRACE(std::string(pd.impl_info_str()) + (p.l == pa::layout::packed ? " packed" : " plain"));
+        const pa::paged_attention prim(pd);
+        for (pa::dim t : { 0, 15, 16, 33, 63, 64, 95, 127, 128, 159 })
+            for (pa::dim d : { 0, 15, 16, 70, 127 }) {
+                std::fill(s.k.begin(), s.k.end(), 0);
+                std::fill(s.v.begin(), s.v.end(), one);
+                s.k_at(t, d) = static_cast<uint8_t>(nan_code | (t % 2 ? 0x80 : 0));
+                s.run(prim);
+                for (pa::dim h = 0; h < s.q_heads; ++h)
+                    for (pa::dim i = 0; i < d_size; ++i)
+                        EXPECT_TRUE(std::isnan(s.out(h, i)))
+                                << "NaN key at token " << t << " dim " << d << ", dim " << i << " head " << h;
+            }
+    } while (pd.next_impl());
+}
+
 std::vector<param> params() {
     std::vector<param> v;
     for (pa::data_type dt : { pa::data_type::f8_e4m3, pa::data_type::f8_e5m2 })
@@ -236,7 +298,12 @@ std::vector<param> params() {
             for (pa::data_type q : { pa::data_type::f32, pa::data_type::bf16 })
                 for (pa::data_type dst : { pa::data_type::f32, pa::data_type::bf16 })
                     for (pa::dim q_heads : { 1, 16 })
-                        v.push_back({ dt, l, q, dst, q_heads });
+                        for (bool flush : { false, true }) {
+#ifndef PAGEDATTN_TEST_MXCSR
+                            if (flush) continue;
+#endif
+                            v.push_back({ dt, l, q, dst, q_heads, flush });
+                        }
     return v;
 }
 
@@ -246,7 +313,8 @@ INSTANTIATE_TEST_SUITE_P(formats, fp8_codes, ::testing::ValuesIn(params()),
                                     (i.param.l == pa::layout::packed ? "_packed" : "_plain") +
                                     (i.param.q_dt == pa::data_type::bf16 ? "_qbf16" : "_qf32") +
                                     (i.param.dst_dt == pa::data_type::bf16 ? "_dstbf16" : "_dstf32") +
-                                    (i.param.q_heads == 1 ? "" : "_gqa" + std::to_string(i.param.q_heads));
+                                    (i.param.q_heads == 1 ? "" : "_gqa" + std::to_string(i.param.q_heads)) +
+                                    (i.param.flush ? "_ftz_daz" : "");
                          });
 
 } // namespace

@@ -1243,9 +1243,30 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
     store_item_output(p, a, item, acc, row_max, row_sum, out_factor, partial);
 }
 
+// MXCSR's denormals-are-zero and flush-to-zero cleared while it lives, its other control bits
+// and the caller's exception flags kept: e4m3 subnormals become f32 subnormals in decode_e4m3_lanes
+// (the plain layout), which DAZ would read as zeros.
+class subnormals_kept {
+    static constexpr unsigned flush_bits = 0x8040u, exception_flags = 0x3Fu;
+    unsigned saved_;
+    bool changed_;
+
+public:
+    explicit subnormals_kept(bool needed) : saved_(_mm_getcsr()), changed_(needed && (saved_ & flush_bits)) {
+        if (changed_) _mm_setcsr(saved_ & ~flush_bits);
+    }
+    ~subnormals_kept() {
+        if (changed_) _mm_setcsr((_mm_getcsr() & exception_flags) | (saved_ & ~exception_flags));
+    }
+    subnormals_kept(const subnormals_kept &) = delete;
+    subnormals_kept &operator=(const subnormals_kept &) = delete;
+};
+
 template <typename V>
 void run_item(const paged_attention_problem &p, const paged_attention_arguments &a, const work_item &item,
               const work_item *next, float *scratch, float *partial) {
+    const subnormals_kept kept(p.k_cache.get_data_type() == data_type::f8_e4m3 ||
+                               p.v_cache.get_data_type() == data_type::f8_e4m3);
     if (p.k_cache.get_layout() == layout::packed)
         run_item_packed<V>(p, a, item, next, scratch, partial);
     else
