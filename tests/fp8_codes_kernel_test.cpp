@@ -1,7 +1,8 @@
 // Every FP8 code through every paged_attention implementation, in both cache layouts, with f32
 // and bf16 dst, and with 1 or 16 query heads on the one kv head (16 rows: x64:amx's tile products;
 // every head's query is the same, so each must give the same expected row), exactly: the kernels dequantize
-// in registers (x64:avx512 and x64:avx2: e4m3 through f16 bits, e5m2 as f16's top byte; x64:avx512_bf16: both
+// in registers (x64:avx512 and x64:avx2: e4m3 by shifts into f32 bits, as f32 subnormals for its subnormals,
+// e5m2 as f16's top byte; x64:avx512_bf16: both
 // by byte tables into bf16), and FP8 subnormals, the largest values, inf and NaN must come out as the format
 // defines them.
 //   values: a one-hot softmax (score 448 against 0: every other weight underflows) selects one token,
@@ -188,6 +189,48 @@ TEST_P(fp8_codes, every_value_code_is_dequantized_exactly) {
                                 << "code " << int(code) << " head " << h;
                 }
         }
+    } while (pd.next_impl());
+}
+
+// Per-token V scales from 2^-100 to 2^100 (powers of two, so the products stay exact): each code
+// of the selected token times its scale, exactly. Kernels that carry part of a decoding's unit in
+// the probabilities must leave room for the scales there.
+TEST_P(fp8_codes, every_value_code_times_a_per_token_scale_is_exact) {
+    const param p = GetParam();
+    const reference::format f = format_of(p.dt);
+    setup s(p.dt, p.l, p.q_dt, p.dst_dt, 17, p.q_heads);
+    s.flush = p.flush;
+    const uint8_t big = p.dt == pa::data_type::f8_e4m3 ? 0x7E : 0x5F;
+    pa::primitive_attr attr;
+    attr.set_scales_mask(pa::ARG_V_CACHE, pa::scales_per_token);
+    pa::paged_attention::primitive_desc pd(dnnl::engine(dnnl::engine::kind::cpu, 0), s.desc(), attr);
+    do {
+        SCOPED_TRACE(std::string(pd.impl_info_str()) + (p.l == pa::layout::packed ? " packed" : " plain"));
+        const pa::paged_attention prim(pd);
+        for (int exponent : { -100, 0, 100 })
+            for (pa::dim target = 1; target < s.tokens; target += 5) {
+                std::fill(s.k.begin(), s.k.end(), 0);
+                std::fill(s.v.begin(), s.v.end(), 0);
+                s.k_at(target, 0) = big;
+                for (pa::dim d = 0; d < s.head_size; ++d)
+                    s.v_at(target, d) = static_cast<uint8_t>((target - 1) * s.head_size + d);
+                // Every token's scale is the selected one's: the largest in the range.
+                s.v_scales.assign(static_cast<size_t>(s.cache_md.get_dims()[0] * block_size),
+                                  std::ldexp(1.f, exponent));
+                s.q[0] = 1.f;
+                s.run(prim);
+                for (pa::dim h = 0; h < s.q_heads; ++h)
+                    for (pa::dim d = 0; d < s.head_size; ++d) {
+                        const uint8_t code = static_cast<uint8_t>((target - 1) * s.head_size + d);
+                        const double expected = std::ldexp(reference::decode_fp8(f, code), exponent);
+                        const float got = s.out(h, d);
+                        if (std::isnan(expected))
+                            EXPECT_TRUE(std::isnan(got)) << "code " << int(code) << " scale 2^" << exponent;
+                        else
+                            EXPECT_EQ(static_cast<double>(got), expected)
+                                    << "code " << int(code) << " scale 2^" << exponent << " head " << h;
+                    }
+            }
     } while (pd.next_impl());
 }
 

@@ -12,10 +12,10 @@
 //   plain:  each K row is dequantized once into L1 and dotted with every row; each V row likewise.
 //   packed: tokens sit in vector lanes (K rows of 16 tokens x a dim pair, V rows of 16 dims x a
 //           token pair), so FP8/bf16 are dequantized in registers right before the FMAs and scores
-//           need no horizontal sums (e4m3 without its NaN patch where a scan of the chunk's codes
-//           finds no NaN). The instantiation of avx512_bf16.cpp computes the scores by
-//           bf16 pair products instead (vdpbf16ps), and with a bf16 dst the values' products too
-//           (the probabilities rounded to bf16, as dst will be; f32 and f16 dst keep them in f32).
+//           need no horizontal sums (e4m3 by integer shifts into f32 bits, value x 2^-120, without
+//           its NaN patch where the chunk's codes hold no NaN). The instantiation of avx512_bf16.cpp computes
+//           the scores by bf16 pair products instead (vdpbf16ps), and with a bf16 dst the values' products
+//           too (the probabilities rounded to bf16, as dst will be; f32 and f16 dst keep them in f32).
 #pragma once
 
 #include <algorithm>
@@ -24,6 +24,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "paged_attention_internal.hpp"
@@ -749,8 +750,9 @@ void store_decoded(float *copy, data_type dt, dim index, typename V::reg first, 
 }
 
 // Whether n bytes of e4m3 codes (n a multiple of 128) hold no NaN code (S.1111.111): their largest
-// magnitude is below 0x7F. On AVX2 (V::e4m3_nan_scan) decoding a chunk known to hold none skips the
-// NaN patch, 2 vector operations per 16 codes beside decoding's 7; the scan costs 2 per 32 codes.
+// magnitude is below 0x7F. With V::e4m3_nan_scan, decoding a chunk known to hold none skips the
+// NaN patch (3 or 4 vector operations per 8 or 16 codes beside decoding's 3.5); the scan costs 2
+// per 32 codes.
 inline bool e4m3_without_nan(const char *codes, dim n) {
     const __m256i magnitude = _mm256_set1_epi8(0x7F);
     auto magnitudes = [&](dim i) {
@@ -763,6 +765,22 @@ inline bool e4m3_without_nan(const char *codes, dim n) {
     }
     return _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(a, b), magnitude)) == 0;
 }
+
+// The same question asked of the codes as a loop decodes them (n a multiple of 16 per call), for
+// loops that can redo their work with the patch: no second pass over the codes (a chunk's scan
+// before decoding it once for verify's 16 rows had cost x64:avx512 ~10% in cache).
+class e4m3_nan_check {
+    __m128i largest_ = _mm_setzero_si128();
+
+public:
+    void add(const char *codes, dim n) {
+        for (dim i = 0; i < n; i += 16)
+            largest_ = _mm_max_epu8(
+                    largest_, _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i *>(codes + i)),
+                                            _mm_set1_epi8(0x7F)));
+    }
+    bool found() const { return _mm_movemask_epi8(_mm_cmpeq_epi8(largest_, _mm_set1_epi8(0x7F))) != 0; }
+};
 
 // The packed layout (block_size % 16 == 0): chunks of up to eight 16-token groups, each found through
 // the block table, so that small blocks (16, vLLM's default) get the same long inner loops as
@@ -846,11 +864,49 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                     q_pairs[r0 * (d / 2) + pair * n + r] = row_major[(r0 + r) * (d / 2) + pair];
         }
     }
-    // load_pair's units (e4m3: 2^-8) folded into q and the output: powers of two, so exact.
-    if (!V::pair_products && V::load_unit(k_type) != 1.f)
+    // load_pair's units (e4m3: 2^-120) folded back by powers of two (exact): into q and into the
+    // probabilities (times any per-token V scales) as far as their largest magnitude stays below
+    // 2^125, the rest into the scores (score_factor) and the output. Normally all of it goes into
+    // q and the probabilities, so that every product is the true one (no new subnormals), and the
+    // sums stay far from overflow (|k| and |v| x the unit are below 2^-111).
+    auto into = [](int unit, float largest) {
+        return std::isfinite(largest) && largest > 0.f ? std::min(unit, 124 - std::ilogb(largest)) : unit;
+    };
+    float score_factor = 1.f, probability_factor = 1.f, out_factor = info.out_factor;
+    if (!V::pair_products && V::load_unit(k_type) != 1.f) {
+        const int unit = -std::ilogb(V::load_unit(k_type));
+        float largest = 0.f;
         for (dim i = 0; i < rows * d; ++i)
-            q[i] /= V::load_unit(k_type);
-    const float out_factor = info.out_factor / V::load_unit(v_type);
+            largest = std::max(largest, std::fabs(q[i]));
+        const int into_q = into(unit, largest);
+        const float q_factor = std::ldexp(1.f, into_q);
+        for (dim i = 0; i < rows * d; ++i)
+            q[i] *= q_factor;
+        score_factor = std::ldexp(1.f, unit - into_q);
+    }
+    if (!V::pair_products && V::load_unit(v_type) != 1.f) {
+        const int unit = -std::ilogb(V::load_unit(v_type));
+        float largest = 1.f;    // a probability's
+        if (info.v_per_token) { // times the largest V scale of the item's tokens (all > 0)
+            R most = V::zero();
+            largest = 0.f;
+            for (dim t = item.kv_begin; t < item.kv_end;) { // a block's share at a time
+                const dim b = t / bs, block = a.block_table[item.seq * a.block_table_stride + b];
+                const float *scales = a.v_scales + (block * p.kv_heads + item.kv_head) * bs;
+                dim i = t - b * bs;
+                const dim end = std::min(item.kv_end, (b + 1) * bs) - b * bs;
+                for (; i + width <= end; i += width)
+                    most = V::max(most, V::load(scales + i));
+                for (; i < end; ++i)
+                    largest = std::max(largest, scales[i]);
+                t = b * bs + end;
+            }
+            largest = std::max(largest, V::reduce_max(most));
+        }
+        const int into_probabilities = into(unit, largest);
+        probability_factor = std::ldexp(1.f, into_probabilities);
+        out_factor = info.out_factor * std::ldexp(1.f, unit - into_probabilities);
+    }
 
     // Where a chunk's 16-token groups lie, each through the block table: with small block sizes a
     // chunk spans several blocks.
@@ -911,7 +967,17 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                             (!V::pair_products && rows > row_block && k_type != data_type::f32 &&
                              k_type != data_type::bf16);
         const data_type k_source_type = !k_once ? k_type : decoded_type(k_type);
-        if (k_once) {
+        // Keys too: a NaN code must decode to NaN here as everywhere (rows that see one have no
+        // defined output, but the reference's are NaN-valued). e4m3 chunks that hold none skip the
+        // patch: found by a scan before passes that read the cache, by a check as it goes when the
+        // keys are decoded once (redone with the patch if it finds one).
+        const bool k_nan_possible = V::e4m3_nan_scan && !V::pair_products && k_type == data_type::f8_e4m3;
+        bool k_nan_free = k_nan_possible && !k_once;
+        for (dim g = 0; g < chunk.count && k_nan_free; ++g)
+            k_nan_free = e4m3_without_nan(chunk.k[g], 16 * d);
+        // Returns whether a NaN code went through unpatched (the check only runs without the patch).
+        auto decode_keys_once = [&](auto patched) {
+            e4m3_nan_check check;
             for (dim g = 0; g < chunk.count; ++g)
                 for (dim i = 0; i < 16 * d; i += V::pair_products ? 4 * width : 2 * width) {
                     const char *source = chunk.k[g] + i * k_size;
@@ -924,20 +990,16 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                         V::store_pairs(copy + 2 * width, second);
                     } else {
                         R first, second;
-                        V::load_pair(source, k_type, first, second);
+                        V::template load_pair<decltype(patched)::value>(source, k_type, first, second);
+                        if constexpr (!decltype(patched)::value) check.add(source, 2 * width);
                         store_decoded<V>(k_decoded, k_source_type, g * 16 * d + i, first, second);
                     }
                 }
-        }
+            return check.found();
+        };
+        if (k_once && (!k_nan_possible || decode_keys_once(std::false_type {})))
+            decode_keys_once(std::true_type {});
         const dim k_source_size = static_cast<dim>(data_type_size(k_source_type));
-        // Keys too: a NaN code must decode to NaN here as everywhere (rows that see one have no
-        // defined output, but the reference's are NaN-valued).
-        bool k_nan_free = false;
-        if constexpr (V::e4m3_nan_scan) {
-            k_nan_free = !V::pair_products && k_source_type == data_type::f8_e4m3;
-            for (dim g = 0; g < chunk.count && k_nan_free; ++g)
-                k_nan_free = e4m3_without_nan(chunk.k[g], 16 * d);
-        }
         auto k_group_of = [&](dim g) { // the group's keys, as stored or decoded
             return k_once ? reinterpret_cast<const char *>(k_decoded) + g * k_group_elements * k_source_size
                           : chunk.k[g];
@@ -1063,8 +1125,11 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                     hi = V::set1(static_cast<float>(w.visible.end));
             if (info.k_per_token)
                 for (dim v = 0; v < tokens; v += width)
-                    V::store(pr + v,
-                             V::mul(V::load(pr + v), V::load(a.k_scales + chunk.scale[v / 16] + v % 16)));
+                    V::store(pr + v, V::mul(V::mul(V::load(pr + v), V::set1(score_factor)),
+                                            V::load(a.k_scales + chunk.scale[v / 16] + v % 16)));
+            else if (score_factor != 1.f)
+                for (dim v = 0; v < tokens; v += width)
+                    V::store(pr + v, V::mul(V::load(pr + v), V::set1(score_factor)));
             if (o.soft_cap > 0.f)
                 for (dim j = 0; j < tokens; ++j)
                     pr[j] = o.soft_cap * std::tanh(pr[j] / o.soft_cap);
@@ -1101,6 +1166,7 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                     weight = V::select(V::in_range(j, lo, hi), weight, V::zero());
                 }
                 sum = V::add(sum, weight);
+                if (probability_factor != 1.f) weight = V::mul(weight, V::set1(probability_factor));
                 // Per-token V scales weigh the values, not the softmax denominator. Masked lanes
                 // are exact zeros (their scales may be unwritten, and stay out of the product).
                 if (info.v_per_token) {
@@ -1150,13 +1216,12 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         // of this chunk for every dims group, at the element positions of a packed_chunk-token block.
         const bool v_once = rows > value_rows && v_type != data_type::f32 && v_type != data_type::bf16;
         const data_type v_source_type = v_once ? decoded_type(v_type) : v_type;
-        bool v_nan_free = false;
-        if constexpr (V::e4m3_nan_scan) {
-            v_nan_free = !V::fp8_by_table && v_source_type == data_type::f8_e4m3; // 8 pairs x 32 per group
-            for (dim g = 0; g < chunk.count && v_nan_free; ++g)
-                for (dim dims_group = 0; dims_group < d / 16 && v_nan_free; ++dims_group)
-                    v_nan_free = e4m3_without_nan(chunk.v[g] + dims_group * 16 * bs, 8 * 32);
-        }
+        // (NaN codes as with the keys)
+        const bool v_nan_possible = V::e4m3_nan_scan && !V::fp8_by_table && v_type == data_type::f8_e4m3;
+        bool v_nan_free = v_nan_possible && !v_once;
+        for (dim g = 0; g < chunk.count && v_nan_free; ++g) // 8 pairs x 32 codes per dims group
+            for (dim dims_group = 0; dims_group < d / 16 && v_nan_free; ++dims_group)
+                v_nan_free = e4m3_without_nan(chunk.v[g] + dims_group * 16 * bs, 8 * 32);
         bool v_staged = false;
         if constexpr (V::pair_products) {
             // FP8 for pair products: 64 codes (two token pairs of a 16-dim row, one line) to bf16
@@ -1180,20 +1245,25 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                 v_staged = true;
             }
         }
-        if (v_once && !v_staged) {
+        auto decode_values_once = [&](auto patched) { // as decode_keys_once
+            e4m3_nan_check check;
             for (dim dims_group = 0; dims_group < d / 16; ++dims_group)
                 for (dim pair = first_pair; pair < end_pair; ++pair)
                     for (dim sub = 0; sub < 16; sub += width) {
                         R first, second;
                         const char *values = chunk.v[pair / 8] +
                                              (dims_group * 16 * bs + (pair % 8) * 32 + sub * 2) * v_size;
-                        V::load_pair(values, v_type, first, second);
+                        V::template load_pair<decltype(patched)::value>(values, v_type, first, second);
+                        if constexpr (!decltype(patched)::value) check.add(values, 2 * width);
                         if (sub == 0 && (v_size > 1 || pair % 2 == 0))
                             prefetch_ahead(values, v_ahead[pair / 8]);
                         store_decoded<V>(v_decoded, v_source_type,
                                          dims_group * 16 * packed_chunk + pair * 32 + sub * 2, first, second);
                     }
-        }
+            return check.found();
+        };
+        if (v_once && !v_staged && (!v_nan_possible || decode_values_once(std::false_type {})))
+            decode_values_once(std::true_type {});
         for (dim r0 = 0, n; r0 < rows; r0 += n) {
             n = rows - r0 >= value_rows ? value_rows : std::min<dim>(4, rows - r0);
             dim common_begin = item.kv_begin,
@@ -1244,8 +1314,8 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
 }
 
 // MXCSR's denormals-are-zero and flush-to-zero cleared while it lives, its other control bits
-// and the caller's exception flags kept: e4m3 subnormals become f32 subnormals in decode_e4m3_lanes
-// (the plain layout), which DAZ would read as zeros.
+// and the caller's exception flags kept: e4m3 subnormals become f32 subnormals in load_pair's
+// units and in decode_e4m3_lanes, which DAZ would read as zeros.
 class subnormals_kept {
     static constexpr unsigned flush_bits = 0x8040u, exception_flags = 0x3Fu;
     unsigned saved_;

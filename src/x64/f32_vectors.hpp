@@ -60,11 +60,26 @@ struct avx512_f32 {
     static float reduce_add(reg v) { return _mm512_reduce_add_ps(v); }
     static constexpr bool fp8_by_table = false;
     /// Whether the kernels scan e4m3 chunks for NaN codes, so that load_pair<false> can skip its
-    /// NaN patch: not here, where the patch is one operation per 32 codes, about what the scan's
-    /// pass over the codes cost (decode in cache as fast or up to 4% faster without it).
-    static constexpr bool e4m3_nan_scan = false;
-    /// What load_pair's values are in units of: e4m3 gives value x 2^-8, the other types the value.
-    static float load_unit(data_type dt) { return dt == data_type::f8_e4m3 ? 0x1p-8f : 1.f; }
+    /// NaN patch (3 operations per 16 codes beside the decode's 3.5; the scan costs 2 per 32).
+    static constexpr bool e4m3_nan_scan = true;
+    /// What load_pair's values are in units of: e4m3 gives value x 2^-120, as an f32 subnormal
+    /// for a subnormal code (exact while MXCSR's denormals-are-zero is clear: the kernels clear it);
+    /// the other types the value.
+    static float load_unit(data_type dt) { return dt == data_type::f8_e4m3 ? 0x1p-120f : 1.f; }
+    /// e4m3 in 32-bit lanes, one code in the top byte: shifted right by 4 with the sign copied, the
+    /// copies cleared, that is sign, E in the f32 exponent's low 4 bits and M at the mantissa's top:
+    /// the value x 2^-120. Integer operations only: converting f16 bits (vcvtph2ps) had made
+    /// x64:avx512's e4m3 scores ~60% dearer than bf16's on Zen 5, this ~7% (a bare loop of the
+    /// scores' 8 FMAs per 32 codes, in L1).
+    template <bool may_hold_nan> static __m512i e4m3_top_byte_to_f32(__m512i top) {
+        const __m512i t =
+                _mm512_and_si512(_mm512_srai_epi32(top, 4), _mm512_set1_epi32(static_cast<int>(0x87F00000u)));
+        if constexpr (!may_hold_nan) return t;
+        // NaN (E.M all ones, t's bits 26..20) gets the exponent's other bits too.
+        const __mmask16 nan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(t, _mm512_set1_epi32(0x07F00000)),
+                                                      _mm512_set1_epi32(0x07F00000));
+        return _mm512_mask_or_epi32(t, nan, t, _mm512_set1_epi32(0x78000000));
+    }
 
     // e4m3 S.EEEE.MMM, one code per 32-bit lane: the magnitude bits shifted to f32's exponent and
     // mantissa position give the value times 2^-120 (subnormals too); NaN codes (magnitude 0x7F)
@@ -96,8 +111,8 @@ struct avx512_f32 {
         return _mm512_cvtph_ps(_mm256_loadu_si256(static_cast<const __m256i *>(p)));
     }
     // Packed-layout loads: 2 * width elements holding width pairs (element 2i + k is item i's k-th
-    // of the pair), split into the first and the second of each pair. e4m3 comes out times 2^-8
-    // (load_unit): the kernel folds 2^8 into q and the output, exactly. `may_hold_nan`
+    // of the pair), split into the first and the second of each pair. e4m3 comes out times 2^-120
+    // (load_unit): the kernel folds 2^120 into q, the probabilities and the output, exactly. `may_hold_nan`
     // false: e4m3 codes known to hold no NaN skip its patch.
     template <bool may_hold_nan = true>
     __attribute__((always_inline)) static void load_pair(const void *p, data_type dt, reg &first,
@@ -125,10 +140,16 @@ struct avx512_f32 {
                 second = _mm512_permutex2var_ps(a, _mm512_add_epi32(even, _mm512_set1_epi32(1)), b);
                 break;
             }
-            default: { // FP8, 32 codes: each made an f16 with the same value (e4m3: x 2^-8)
+            case data_type::f8_e4m3: { // 32 codes: each pair's in the low half of a 32-bit lane
+                const __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(static_cast<const __m256i *>(p)));
+                first = _mm512_castsi512_ps(e4m3_top_byte_to_f32<may_hold_nan>(_mm512_slli_epi32(x, 24)));
+                second = _mm512_castsi512_ps(e4m3_top_byte_to_f32<may_hold_nan>(_mm512_slli_epi32(x, 16)));
+                break;
+            }
+            default: { // e5m2, 32 codes: each the high byte of an f16
                 // The 32 codes in both 256-bit halves; one byte shuffle puts the even codes in the
                 // high bytes of the low half's words and the odd codes in the high half's (as
-                // avx2_f32 does with 16): e5m2 is then f16 as is.
+                // avx2_f32 does with 16).
                 alignas(64) static constexpr int8_t split_bytes[64] = {
                     -128, 0, -128, 2, -128, 4, -128, 6, -128, 8, -128, 10, -128, 12, -128, 14, // even
                     -128, 0, -128, 2, -128, 4, -128, 6, -128, 8, -128, 10, -128, 12, -128, 14, //
@@ -136,24 +157,8 @@ struct avx512_f32 {
                     -128, 1, -128, 3, -128, 5, -128, 7, -128, 9, -128, 11, -128, 13, -128, 15,
                 };
                 const __m512i split = _mm512_load_si512(split_bytes);
-                __m512i h = _mm512_shuffle_epi8(
+                const __m512i h = _mm512_shuffle_epi8(
                         _mm512_broadcast_i64x4(_mm256_loadu_si256(static_cast<const __m256i *>(p))), split);
-                if (dt == data_type::f8_e4m3) {
-                    // S.EEEE.MMM in the high byte, shifted right by one with the sign copied, the
-                    // copy cleared: value x 2^-8 as an f16, subnormals included (f16 subnormals,
-                    // which vcvtph2ps converts exactly whatever MXCSR says).
-                    const __m512i t = _mm512_srai_epi16(h, 1);
-                    if constexpr (may_hold_nan) {
-                        // NaN (E.M all ones) must become an f16 NaN: its exponent's top bit set,
-                        // where t holds the sign's copy. Adding 1 at M's lowest bit carries into
-                        // that bit for NaN alone, so t XOR the sum there is 1 for NaN, else 0:
-                        // t ^ (sum & that bit), one ternary-logic operation.
-                        const __m512i sum = _mm512_add_epi16(t, _mm512_set1_epi16(0x0080));
-                        h = _mm512_ternarylogic_epi32(t, sum, _mm512_set1_epi16(0x4000), 0x78);
-                    } else {
-                        h = _mm512_and_si512(t, _mm512_set1_epi16(static_cast<short>(0xBF80)));
-                    }
-                }
                 first = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
                 second = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
                 break;
@@ -213,9 +218,16 @@ struct avx2_f32 {
         return _mm_cvtss_f32(s);
     }
     static constexpr bool fp8_by_table = false;
-    // (as avx512_f32) The patch is 2 operations per 16 codes here, more than the scan costs.
-    static constexpr bool e4m3_nan_scan = true;
-    static float load_unit(data_type dt) { return dt == data_type::f8_e4m3 ? 0x1p-8f : 1.f; }
+    static constexpr bool e4m3_nan_scan = true; // (as avx512_f32)
+    static float load_unit(data_type dt) { return dt == data_type::f8_e4m3 ? 0x1p-120f : 1.f; }
+    template <bool may_hold_nan> static __m256i e4m3_top_byte_to_f32(__m256i top) { // as avx512_f32's
+        const __m256i t =
+                _mm256_and_si256(_mm256_srai_epi32(top, 4), _mm256_set1_epi32(static_cast<int>(0x87F00000u)));
+        if constexpr (!may_hold_nan) return t;
+        const __m256i nan = _mm256_cmpeq_epi32(_mm256_and_si256(t, _mm256_set1_epi32(0x07F00000)),
+                                               _mm256_set1_epi32(0x07F00000));
+        return _mm256_or_si256(t, _mm256_and_si256(nan, _mm256_set1_epi32(0x78000000)));
+    }
     static reg decode_e4m3_lanes(__m256i x) {
         const __m256i magnitude = _mm256_and_si256(x, _mm256_set1_epi32(0x7F));
         const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
@@ -278,26 +290,20 @@ struct avx2_f32 {
                         _mm256_permute4x64_pd(_mm256_castps_pd(odd), _MM_SHUFFLE(3, 1, 2, 0)));
                 break;
             }
-            default: { // FP8, 16 codes: each made an f16 with the same value (e4m3: x 2^-8)
+            case data_type::f8_e4m3: { // 16 codes (as avx512_f32)
+                const __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i *>(p)));
+                first = _mm256_castsi256_ps(e4m3_top_byte_to_f32<may_hold_nan>(_mm256_slli_epi32(x, 24)));
+                second = _mm256_castsi256_ps(e4m3_top_byte_to_f32<may_hold_nan>(_mm256_slli_epi32(x, 16)));
+                break;
+            }
+            default: { // e5m2, 16 codes: each the high byte of an f16
                 // The even codes go to the high bytes of the low half's words, the odd codes to the
-                // high half's (one shuffle of the 16 bytes in both halves): e5m2 is then f16 as is.
+                // high half's (one shuffle of the 16 bytes in both halves).
                 const __m256i split = _mm256_setr_epi8(-128, 0, -128, 2, -128, 4, -128, 6, -128, 8, -128, 10,
                                                        -128, 12, -128, 14, -128, 1, -128, 3, -128, 5, -128, 7,
                                                        -128, 9, -128, 11, -128, 13, -128, 15);
-                __m256i h = _mm256_shuffle_epi8(
+                const __m256i h = _mm256_shuffle_epi8(
                         _mm256_broadcastsi128_si256(_mm_loadu_si128(static_cast<const __m128i *>(p))), split);
-                if (dt == data_type::f8_e4m3) {
-                    // S.EEEE.MMM in the high byte, shifted right by one with the sign copied: the
-                    // sign, a zero, E in the f16 exponent's low bits and M at its mantissa's top:
-                    // value x 2^-8, subnormals included. NaN as with 16 lanes (XOR and AND apart).
-                    const __m256i t = _mm256_srai_epi16(h, 1);
-                    if constexpr (may_hold_nan) {
-                        const __m256i sum = _mm256_add_epi16(t, _mm256_set1_epi16(0x0080));
-                        h = _mm256_xor_si256(t, _mm256_and_si256(sum, _mm256_set1_epi16(0x4000)));
-                    } else {
-                        h = _mm256_and_si256(t, _mm256_set1_epi16(static_cast<short>(0xBF80)));
-                    }
-                }
                 first = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
                 second = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
                 break;
@@ -372,6 +378,7 @@ struct avx512_bf16_f32 : avx512_f32 {
     using pairs = __m512bh;
 
     static constexpr bool fp8_by_table = true; // FP8 decoding has no NaN patch to skip
+    static constexpr bool e4m3_nan_scan = false;
 
     // 64 FP8 codes to bf16 bits, codes 0..31 into `first` and 32..63 into `second`: three
     // operations per 32 codes. Two byte permutes (which read an index's low 7 bits) look up the low
