@@ -749,38 +749,40 @@ void store_decoded(float *copy, data_type dt, dim index, typename V::reg first, 
         V::store_pair(copy + index, first, second);
 }
 
-// Whether n bytes of e4m3 codes (n a multiple of 128) hold no NaN code (S.1111.111): their largest
-// magnitude is below 0x7F. With V::e4m3_nan_scan, decoding a chunk known to hold none skips the
-// NaN patch (3 or 4 vector operations per 8 or 16 codes beside decoding's 3.5); the scan costs 2
-// per 32 codes.
-inline bool e4m3_without_nan(const char *codes, dim n) {
-    const __m256i magnitude = _mm256_set1_epi8(0x7F);
-    auto magnitudes = [&](dim i) {
-        return _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(codes + i)), magnitude);
-    };
-    __m256i a = _mm256_setzero_si256(), b = a;
-    for (dim i = 0; i < n; i += 128) {
-        a = _mm256_max_epu8(a, _mm256_max_epu8(magnitudes(i), magnitudes(i + 32)));
-        b = _mm256_max_epu8(b, _mm256_max_epu8(magnitudes(i + 64), magnitudes(i + 96)));
-    }
-    return _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(a, b), magnitude)) == 0;
-}
-
-// The same question asked of the codes as a loop decodes them (n a multiple of 16 per call), for
-// loops that can redo their work with the patch: no second pass over the codes (a chunk's scan
-// before decoding it once for verify's 16 rows had cost x64:avx512 ~10% in cache).
+// Whether e4m3 codes hold a NaN code (S.1111.111), asked of the codes as a loop decodes them (n a
+// multiple of 16 per call) or of a whole chunk at once (e4m3_without_nan): their largest magnitude
+// is 0x7F. With V::e4m3_nan_scan, decoding codes known to hold none skips the NaN patch (3 or 4
+// vector operations per 8 or 16 codes beside decoding's 3.5); the check costs 2 per 32 codes.
+// Loops that can redo their work with the patch check as they go: a chunk's scan before decoding
+// it once for verify's 16 rows, a second pass over the codes, had cost x64:avx512 ~10% in cache.
 class e4m3_nan_check {
-    __m128i largest_ = _mm_setzero_si128();
+    __m256i largest_ = _mm256_setzero_si256();
 
 public:
     void add(const char *codes, dim n) {
-        for (dim i = 0; i < n; i += 16)
-            largest_ = _mm_max_epu8(
-                    largest_, _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i *>(codes + i)),
-                                            _mm_set1_epi8(0x7F)));
+        const __m256i magnitude = _mm256_set1_epi8(0x7F);
+        dim i = 0;
+        for (; i + 32 <= n; i += 32)
+            largest_ = _mm256_max_epu8(
+                    largest_,
+                    _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(codes + i)),
+                                     magnitude));
+        if (i < n) // 16 codes
+            largest_ = _mm256_max_epu8(
+                    largest_, _mm256_and_si256(_mm256_zextsi128_si256(_mm_loadu_si128(
+                                                       reinterpret_cast<const __m128i *>(codes + i))),
+                                               magnitude));
     }
-    bool found() const { return _mm_movemask_epi8(_mm_cmpeq_epi8(largest_, _mm_set1_epi8(0x7F))) != 0; }
+    bool found() const {
+        return _mm256_movemask_epi8(_mm256_cmpeq_epi8(largest_, _mm256_set1_epi8(0x7F))) != 0;
+    }
 };
+
+inline bool e4m3_without_nan(const char *codes, dim n) {
+    e4m3_nan_check check;
+    check.add(codes, n);
+    return !check.found();
+}
 
 // The packed layout (block_size % 16 == 0): chunks of up to eight 16-token groups, each found through
 // the block table, so that small blocks (16, vLLM's default) get the same long inner loops as
@@ -1123,13 +1125,12 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
             }
             const R lo = V::set1(static_cast<float>(w.visible.begin)),
                     hi = V::set1(static_cast<float>(w.visible.end));
-            if (info.k_per_token)
-                for (dim v = 0; v < tokens; v += width)
-                    V::store(pr + v, V::mul(V::mul(V::load(pr + v), V::set1(score_factor)),
-                                            V::load(a.k_scales + chunk.scale[v / 16] + v % 16)));
-            else if (score_factor != 1.f)
-                for (dim v = 0; v < tokens; v += width)
-                    V::store(pr + v, V::mul(V::load(pr + v), V::set1(score_factor)));
+            if (info.k_per_token || score_factor != 1.f)
+                for (dim v = 0; v < tokens; v += width) {
+                    R x = V::mul(V::load(pr + v), V::set1(score_factor));
+                    if (info.k_per_token) x = V::mul(x, V::load(a.k_scales + chunk.scale[v / 16] + v % 16));
+                    V::store(pr + v, x);
+                }
             if (o.soft_cap > 0.f)
                 for (dim j = 0; j < tokens; ++j)
                     pr[j] = o.soft_cap * std::tanh(pr[j] / o.soft_cap);
