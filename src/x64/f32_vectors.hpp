@@ -290,10 +290,23 @@ struct avx2_f32 {
                         _mm256_permute4x64_pd(_mm256_castps_pd(odd), _MM_SHUFFLE(3, 1, 2, 0)));
                 break;
             }
-            case data_type::f8_e4m3: { // 16 codes (as avx512_f32)
-                const __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i *>(p)));
-                first = _mm256_castsi256_ps(e4m3_top_byte_to_f32<may_hold_nan>(_mm256_slli_epi32(x, 24)));
-                second = _mm256_castsi256_ps(e4m3_top_byte_to_f32<may_hold_nan>(_mm256_slli_epi32(x, 16)));
+            case data_type::f8_e4m3: { // 16 codes, in both 128-bit halves
+                // One byte shuffle puts each pair's first code (second code) in the top byte of a
+                // 32-bit lane, the other bytes zero: 3 operations per 8 codes where widening and
+                // shifting (as avx512_f32 does) took 3.5; on Zen 3 a bare loop of the scores' FMAs
+                // took 42-44 cycles per token instead of 46-47 (bf16 35-37).
+                const __m256i firsts =
+                        _mm256_setr_epi8(-1, -1, -1, 0, -1, -1, -1, 2, -1, -1, -1, 4, -1, -1, -1, 6, //
+                                         -1, -1, -1, 8, -1, -1, -1, 10, -1, -1, -1, 12, -1, -1, -1, 14);
+                const __m256i seconds =
+                        _mm256_setr_epi8(-1, -1, -1, 1, -1, -1, -1, 3, -1, -1, -1, 5, -1, -1, -1, 7, //
+                                         -1, -1, -1, 9, -1, -1, -1, 11, -1, -1, -1, 13, -1, -1, -1, 15);
+                const __m256i x =
+                        _mm256_broadcastsi128_si256(_mm_loadu_si128(static_cast<const __m128i *>(p)));
+                first = _mm256_castsi256_ps(
+                        e4m3_top_byte_to_f32<may_hold_nan>(_mm256_shuffle_epi8(x, firsts)));
+                second = _mm256_castsi256_ps(
+                        e4m3_top_byte_to_f32<may_hold_nan>(_mm256_shuffle_epi8(x, seconds)));
                 break;
             }
             default: { // e5m2, 16 codes: each the high byte of an f16
