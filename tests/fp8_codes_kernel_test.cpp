@@ -56,6 +56,7 @@ struct setup {
     pa::tensor_desc cache_md;
     std::vector<uint16_t> q_bf16, dst_bf16;
     std::vector<float> v_scales; // per token (block, head, token), when the primitive has that mask
+    pa::dim window_left = -1;    // the sliding window's left bound (the query is at tokens - 1)
 
     setup(pa::data_type dt_, pa::layout l_, pa::data_type q_dt_, pa::data_type dst_dt_, pa::dim tokens_,
           pa::dim q_heads_, pa::dim head_size_ = 16)
@@ -82,6 +83,7 @@ struct setup {
         pa::paged_attention::options o;
         o.causal = false;
         o.softmax_scale = 1.f;
+        o.window_left = window_left;
         return pa::paged_attention::desc({ { pa::runtime_dim, q_heads, head_size }, q_dt }, cache_md,
                                          cache_md, { { pa::runtime_dim, q_heads, head_size }, dst_dt }, o);
     }
@@ -303,6 +305,44 @@ TEST_P(fp8_codes, a_nan_value_anywhere_in_the_range_reaches_dst) {
                     }
             }
     } while (pd.next_impl());
+}
+
+// A window whose first visible token is odd splits a token pair of the packed V rows: the pair is
+// read for the visible token alone (x64 kernels: outside the loop over the pairs every row sees
+// whole). A NaN value there reaches dst, and one at its invisible neighbour does not. Kernels that
+// check e4m3 codes for NaN as they read them must check these reads too.
+TEST_P(fp8_codes, a_nan_value_at_a_window_edge_reaches_dst_and_its_hidden_neighbours_does_not) {
+    const param p = GetParam();
+    const pa::dim tokens = 160, d_size = 128;
+    const uint8_t nan_code = p.dt == pa::data_type::f8_e4m3 ? 0x7F : 0x7E;
+    for (pa::dim first_visible : { 1, 33, 127, 129 }) {
+        setup s(p.dt, p.l, p.q_dt, p.dst_dt, tokens, p.q_heads, d_size);
+        s.flush = p.flush;
+        s.window_left = tokens - 1 - first_visible;
+        pa::paged_attention::primitive_desc pd(dnnl::engine(dnnl::engine::kind::cpu, 0), s.desc());
+        do {
+            SCOPED_TRACE(std::string(pd.impl_info_str()) +
+                         (p.l == pa::layout::packed ? " packed" : " plain") + " first visible token " +
+                         std::to_string(first_visible));
+            const pa::paged_attention prim(pd);
+            for (pa::dim d : { 0, 15, 16, 70, 127 })
+                for (const bool hidden : { false, true }) {
+                    std::fill(s.v.begin(), s.v.end(), 0);
+                    const pa::dim t = hidden ? first_visible - 1 : first_visible;
+                    s.v_at(t, d) = static_cast<uint8_t>(nan_code | (d % 2 ? 0x80 : 0));
+                    s.run(prim);
+                    for (pa::dim h = 0; h < s.q_heads; ++h)
+                        for (pa::dim i = 0; i < d_size; ++i) {
+                            const float got = s.out(h, i);
+                            if (i == d && !hidden)
+                                EXPECT_TRUE(std::isnan(got)) << "NaN at token " << t << " dim " << d;
+                            else
+                                EXPECT_EQ(got, 0.f) << "NaN at token " << t << " dim " << d << ", dim " << i
+                                                    << (hidden ? " (not visible)" : "");
+                        }
+                }
+        } while (pd.next_impl());
+    }
 }
 
 // A NaN key anywhere in the range makes the score of its token NaN, and so every output of the
