@@ -307,14 +307,23 @@ void packed_scores(const char *const *k_groups, dim k_size, const float *q, dim 
                 for (int c = 0; c < chains; ++c)
                     s[r][g][v][c] = V::zero();
     constexpr int pairs_per_step = chains == 4 ? 2 : 1; // d / 2 is a multiple of 4 (d % 8 == 0)
+    // e4m3 keys with 8-lane vectors by the tokens' parity (V::load_e4m3_by_parity): lane vector 0
+    // holds the even tokens, 1 the odd ones, interleaved back when the scores are stored.
+    constexpr bool by_parity = V::e4m3_pairs_by_parity && k_type == data_type::f8_e4m3 && lanes == 2;
     for (dim pair0 = 0; pair0 < d / 2; pair0 += pairs_per_step)
         for (int h = 0; h < pairs_per_step; ++h) {
             const dim pair = pair0 + h;
             R first[G][lanes], second[G][lanes];
-            for (int g = 0; g < G; ++g)
+            for (int g = 0; g < G; ++g) {
+                if constexpr (by_parity) {
+                    V::template load_e4m3_by_parity<may_hold_nan>(k_groups[g] + pair * 32, first[g][0],
+                                                                  second[g][0], first[g][1], second[g][1]);
+                    continue;
+                }
                 for (int v = 0; v < lanes; ++v)
                     V::template load_pair<may_hold_nan>(k_groups[g] + (pair * 32 + v * 2 * width) * k_size,
                                                         k_type, first[g][v], second[g][v]);
+            }
             for (int g = 0; g < G; ++g)
                 for (dim line = 0; line < pair_bytes; line += 64)
                     prefetch_ahead(k_groups[g] + pair * pair_bytes + line, ahead[g]);
@@ -334,13 +343,19 @@ void packed_scores(const char *const *k_groups, dim k_size, const float *q, dim 
             }
         }
     for (int r = 0; r < N; ++r)
-        for (int g = 0; g < G; ++g)
+        for (int g = 0; g < G; ++g) {
+            R sums[lanes];
             for (int v = 0; v < lanes; ++v) {
-                R sum = s[r][g][v][0];
+                sums[v] = s[r][g][v][0];
                 for (int c = 1; c < chains; ++c)
-                    sum = V::add(sum, s[r][g][v][c]);
-                V::store(out + r * out_stride + g * 16 + v * width, sum);
+                    sums[v] = V::add(sums[v], s[r][g][v][c]);
             }
+            if constexpr (by_parity)
+                V::store_pair(out + r * out_stride + g * 16, sums[0], sums[1]);
+            else
+                for (int v = 0; v < lanes; ++v)
+                    V::store(out + r * out_stride + g * 16 + v * width, sums[v]);
+        }
 }
 
 // Scores by bf16 pair products of N rows against G 16-token groups: q_pairs holds the rows' q as
@@ -450,11 +465,24 @@ __attribute__((always_inline)) inline void packed_values_slice(const packed_valu
     };
     // odd: the odd token pairs' sums with pair products, where N x S sums alone are too few (below)
     constexpr bool odd_sums = pair_probabilities && N * S <= 8;
+    // e4m3 values with 8-lane vectors by the dims' parity (V::load_e4m3_by_parity): vectors i and
+    // i + 1 (i even, as v0 is for S >= 2) of a 16-dim row hold its even and its odd dims, split
+    // from the accumulators when loaded and interleaved back when stored.
+    constexpr bool by_parity =
+            V::e4m3_pairs_by_parity && v_type == data_type::f8_e4m3 && width == 8 && S % 2 == 0;
+    constexpr int row_step = by_parity ? 2 : 1; // vectors decoded together
     R out[N][S], odd[N][S];
     for (int r = 0; r < N; ++r)
-        for (int i = 0; i < S; ++i) {
-            out[r][i] = V::mul(V::load(job.acc + r * job.d + (v0 + i) * width), V::set1(job.correction[r]));
-            if constexpr (odd_sums) odd[r][i] = V::zero();
+        for (int i = 0; i < S; i += row_step) {
+            const float *a = job.acc + r * job.d + (v0 + i) * width;
+            if constexpr (by_parity)
+                V::template load_pair<true>(a, data_type::f32, out[r][i], out[r][i + 1]);
+            else
+                out[r][i] = V::load(a);
+            for (int h = 0; h < row_step; ++h) {
+                out[r][i + h] = V::mul(out[r][i + h], V::set1(job.correction[r]));
+                if constexpr (odd_sums) odd[r][i + h] = V::zero();
+            }
         }
     // Pairs every row sees: plain FMAs. At the range's edges, a token a row does not see is
     // skipped for that row, so that 0 * (a non-finite value it excludes) cannot leak in.
@@ -568,9 +596,14 @@ __attribute__((always_inline)) inline void packed_values_slice(const packed_valu
                     continue;
                 }
             }
-            for (int i = 0; i < S; ++i)
-                V::template load_pair<may_hold_nan>(rows[i] + (pair - group_begin) * step, v_type, first[i],
-                                                    second[i]);
+            for (int i = 0; i < S; i += row_step)
+                if constexpr (by_parity)
+                    V::template load_e4m3_by_parity<may_hold_nan>(rows[i] + (pair - group_begin) * step,
+                                                                  first[i], second[i], first[i + 1],
+                                                                  second[i + 1]);
+                else
+                    V::template load_pair<may_hold_nan>(rows[i] + (pair - group_begin) * step, v_type,
+                                                        first[i], second[i]);
             accumulate(pair, first, second);
             ++pair;
         }
@@ -579,20 +612,30 @@ __attribute__((always_inline)) inline void packed_values_slice(const packed_valu
     for (dim pair = job.first_pair; pair < job.end_pair; ++pair) {
         if (pair == fast_begin) pair = fast_end;
         if (pair >= job.end_pair) break;
-        for (int i = 0; i < S; ++i) {
-            R first, second;
-            V::template load_pair<may_hold_nan>(row_of(i, pair), v_type, first, second);
-            for (int r = 0; r < N; ++r) {
-                const float *pr = job.probability + r * packed_chunk + 2 * pair;
-                if (pr[0] != 0.f) out[r][i] = V::fma(V::set1(pr[0]), first, out[r][i]);
-                if (pr[1] != 0.f) out[r][i] = V::fma(V::set1(pr[1]), second, out[r][i]);
-            }
+        for (int i = 0; i < S; i += row_step) {
+            R first[row_step], second[row_step];
+            if constexpr (by_parity)
+                V::template load_e4m3_by_parity<may_hold_nan>(row_of(i, pair), first[0], second[0], first[1],
+                                                              second[1]);
+            else
+                V::template load_pair<may_hold_nan>(row_of(i, pair), v_type, first[0], second[0]);
+            for (int h = 0; h < row_step; ++h)
+                for (int r = 0; r < N; ++r) {
+                    const float *pr = job.probability + r * packed_chunk + 2 * pair;
+                    if (pr[0] != 0.f) out[r][i + h] = V::fma(V::set1(pr[0]), first[h], out[r][i + h]);
+                    if (pr[1] != 0.f) out[r][i + h] = V::fma(V::set1(pr[1]), second[h], out[r][i + h]);
+                }
         }
     }
     for (int r = 0; r < N; ++r)
-        for (int i = 0; i < S; ++i) {
-            if constexpr (odd_sums) out[r][i] = V::add(out[r][i], odd[r][i]);
-            V::store(job.acc + r * job.d + (v0 + i) * width, out[r][i]);
+        for (int i = 0; i < S; i += row_step) {
+            for (int h = 0; h < row_step; ++h)
+                if constexpr (odd_sums) out[r][i + h] = V::add(out[r][i + h], odd[r][i + h]);
+            float *a = job.acc + r * job.d + (v0 + i) * width;
+            if constexpr (by_parity)
+                V::store_pair(a, out[r][i], out[r][i + 1]);
+            else
+                V::store(a, out[r][i]);
         }
 }
 
