@@ -265,6 +265,33 @@ void run_item_plain(const paged_attention_problem &p, const paged_attention_argu
     store_item_output(p, a, item, acc, row_max, row_sum, out_factor, partial);
 }
 
+// Whether e4m3 codes hold a NaN code (S.1111.111), asked of the codes as a loop decodes them (n a
+// multiple of 16 per call) or of a whole chunk at once (e4m3_without_nan): their largest magnitude
+// is 0x7F. With V::e4m3_nan_scan, decoding codes known to hold none skips the NaN patch (3 or 4
+// vector operations per 8 or 16 codes beside decoding's 3.5); the check costs 2 per 32 codes.
+// Loops that can redo their work with the patch check as they go: a chunk's scan before decoding
+// it once for verify's 16 rows, a second pass over the codes, had cost x64:avx512 ~10% in cache;
+// so do x64:avx2's decode passes (V::e4m3_pairs_by_parity), whose scans cost ~10% in cache on
+// Zen 3, mostly for bringing the chunk into L1 apart from the FMAs.
+class e4m3_nan_check {
+    __m256i largest_ = _mm256_setzero_si256();
+
+public:
+    void add(__m256i codes) {
+        largest_ = _mm256_max_epu8(largest_, _mm256_and_si256(codes, _mm256_set1_epi8(0x7F)));
+    }
+    void add(const char *codes, dim n) {
+        dim i = 0;
+        for (; i + 32 <= n; i += 32)
+            add(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(codes + i)));
+        if (i < n) // 16 codes
+            add(_mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(codes + i))));
+    }
+    bool found() const {
+        return _mm256_movemask_epi8(_mm256_cmpeq_epi8(largest_, _mm256_set1_epi8(0x7F))) != 0;
+    }
+};
+
 // The next chunk is fetched while this one computes, a cache line at a time inside the inner loops:
 // each load of the current chunk is paired with a prefetch of the element at the same position in
 // the next chunk, `ahead` bytes further on (0 when there is no next chunk: the lines prefetched are
@@ -284,8 +311,11 @@ __attribute__((always_inline)) inline void prefetch_ahead(const char *current, d
 // groups (G = 2): one per FMA, with the keys' loads and the prefetches, was more than the core's
 // ~2 loads per cycle (bare loop: 16 FMAs, each with its own broadcast, plus 4 key loads and 2
 // prefetches, 12.4 cycles; 8.5 with the broadcasts in registers).
-template <typename V, int N, int G, data_type k_type, bool may_hold_nan = true>
-void packed_scores(const char *const *k_groups, dim k_size, const float *q, dim d, float *out, dim out_stride,
+//
+// check_nan (e4m3 by parity only, without the patch): returns whether the codes held a NaN, so that
+// the caller redoes the groups with the patch.
+template <typename V, int N, int G, data_type k_type, bool may_hold_nan = true, bool check_nan = false>
+bool packed_scores(const char *const *k_groups, dim k_size, const float *q, dim d, float *out, dim out_stride,
                    const dim *ahead) {
     using R = typename V::reg;
     constexpr int width = V::width, lanes = 16 / width;
@@ -307,17 +337,22 @@ void packed_scores(const char *const *k_groups, dim k_size, const float *q, dim 
                 for (int c = 0; c < chains; ++c)
                     s[r][g][v][c] = V::zero();
     constexpr int pairs_per_step = chains == 4 ? 2 : 1; // d / 2 is a multiple of 4 (d % 8 == 0)
-    // e4m3 keys with 8-lane vectors by the tokens' parity (V::load_e4m3_by_parity): lane vector 0
+    // e4m3 keys with 8-lane vectors by the tokens' parity (V::e4m3_by_parity): lane vector 0
     // holds the even tokens, 1 the odd ones, interleaved back when the scores are stored.
     constexpr bool by_parity = V::e4m3_pairs_by_parity && k_type == data_type::f8_e4m3 && lanes == 2;
+    static_assert(by_parity || !check_nan, "checked as read: e4m3 by parity only");
+    e4m3_nan_check nan_check;
     for (dim pair0 = 0; pair0 < d / 2; pair0 += pairs_per_step)
         for (int h = 0; h < pairs_per_step; ++h) {
             const dim pair = pair0 + h;
             R first[G][lanes], second[G][lanes];
             for (int g = 0; g < G; ++g) {
                 if constexpr (by_parity) {
-                    V::template load_e4m3_by_parity<may_hold_nan>(k_groups[g] + pair * 32, first[g][0],
-                                                                  second[g][0], first[g][1], second[g][1]);
+                    const __m256i codes =
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i *>(k_groups[g] + pair * 32));
+                    if constexpr (check_nan) nan_check.add(codes);
+                    V::template e4m3_by_parity<may_hold_nan>(codes, first[g][0], second[g][0], first[g][1],
+                                                             second[g][1]);
                     continue;
                 }
                 for (int v = 0; v < lanes; ++v)
@@ -356,6 +391,7 @@ void packed_scores(const char *const *k_groups, dim k_size, const float *q, dim 
                 for (int v = 0; v < lanes; ++v)
                     V::store(out + r * out_stride + g * 16 + v * width, sums[v]);
         }
+    return check_nan && nan_check.found();
 }
 
 // Scores by bf16 pair products of N rows against G 16-token groups: q_pairs holds the rows' q as
@@ -450,8 +486,12 @@ struct packed_values_rows {
 // side, are bf16 pairs already, so one vdpbf16ps per row adds both tokens' products: half the
 // FMAs, and no split of the pairs into f32. The probabilities are then rounded to bf16, an error of
 // the order of the dst's own rounding (under fpmath strict f32 and f16 dst keep them in f32).
-template <typename V, int N, int S, data_type v_type, bool may_hold_nan, bool pair_probabilities = false>
-__attribute__((always_inline)) inline void packed_values_slice(const packed_values_rows &job, dim v0) {
+//
+// check_nan (e4m3 by parity only, without the patch): returns whether the codes held a NaN, before
+// storing anything, so that the caller redoes the slice with the patch from the same accumulators.
+template <typename V, int N, int S, data_type v_type, bool may_hold_nan, bool pair_probabilities = false,
+          bool check_nan = false>
+__attribute__((always_inline)) inline bool packed_values_slice(const packed_values_rows &job, dim v0) {
     using R = typename V::reg;
     constexpr int width = V::width;
     dim offset_in_group[S]; // of vector v0 + i within a group's V rows, the same for every pair
@@ -465,12 +505,22 @@ __attribute__((always_inline)) inline void packed_values_slice(const packed_valu
     };
     // odd: the odd token pairs' sums with pair products, where N x S sums alone are too few (below)
     constexpr bool odd_sums = pair_probabilities && N * S <= 8;
-    // e4m3 values with 8-lane vectors by the dims' parity (V::load_e4m3_by_parity): vectors i and
+    // e4m3 values with 8-lane vectors by the dims' parity (V::e4m3_by_parity): vectors i and
     // i + 1 (i even, as v0 is for S >= 2) of a 16-dim row hold its even and its odd dims, split
     // from the accumulators when loaded and interleaved back when stored.
     constexpr bool by_parity =
             V::e4m3_pairs_by_parity && v_type == data_type::f8_e4m3 && width == 8 && S % 2 == 0;
     constexpr int row_step = by_parity ? 2 : 1; // vectors decoded together
+    static_assert(by_parity || !check_nan, "checked as read: e4m3 by parity only");
+    e4m3_nan_check nan_check;
+    auto decode_by_parity = [&](const char *p, auto &even_first, auto &even_second, auto &odd_first,
+                                auto &odd_second) __attribute__((always_inline)) {
+        if constexpr (by_parity) {
+            const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p));
+            if constexpr (check_nan) nan_check.add(codes);
+            V::template e4m3_by_parity<may_hold_nan>(codes, even_first, even_second, odd_first, odd_second);
+        }
+    };
     R out[N][S], odd[N][S];
     for (int r = 0; r < N; ++r)
         for (int i = 0; i < S; i += row_step) {
@@ -598,9 +648,8 @@ __attribute__((always_inline)) inline void packed_values_slice(const packed_valu
             }
             for (int i = 0; i < S; i += row_step)
                 if constexpr (by_parity)
-                    V::template load_e4m3_by_parity<may_hold_nan>(rows[i] + (pair - group_begin) * step,
-                                                                  first[i], second[i], first[i + 1],
-                                                                  second[i + 1]);
+                    decode_by_parity(rows[i] + (pair - group_begin) * step, first[i], second[i], first[i + 1],
+                                     second[i + 1]);
                 else
                     V::template load_pair<may_hold_nan>(rows[i] + (pair - group_begin) * step, v_type,
                                                         first[i], second[i]);
@@ -615,8 +664,7 @@ __attribute__((always_inline)) inline void packed_values_slice(const packed_valu
         for (int i = 0; i < S; i += row_step) {
             R first[row_step], second[row_step];
             if constexpr (by_parity)
-                V::template load_e4m3_by_parity<may_hold_nan>(row_of(i, pair), first[0], second[0], first[1],
-                                                              second[1]);
+                decode_by_parity(row_of(i, pair), first[0], second[0], first[1], second[1]);
             else
                 V::template load_pair<may_hold_nan>(row_of(i, pair), v_type, first[0], second[0]);
             for (int h = 0; h < row_step; ++h)
@@ -627,6 +675,8 @@ __attribute__((always_inline)) inline void packed_values_slice(const packed_valu
                 }
         }
     }
+    if constexpr (check_nan)
+        if (nan_check.found()) return true;
     for (int r = 0; r < N; ++r)
         for (int i = 0; i < S; i += row_step) {
             for (int h = 0; h < row_step; ++h)
@@ -637,11 +687,16 @@ __attribute__((always_inline)) inline void packed_values_slice(const packed_valu
             else
                 V::store(a, out[r][i]);
         }
+    return false;
 }
 
 // acc (N rows x D) = acc * correction + probabilities x V for one packed V group, in slices of
 // dims sized to the register file (32 zmm, 16 ymm).
-template <typename V, int N, data_type v_type, bool may_hold_nan = true, bool pair_probabilities = false>
+//
+// check_nan (e4m3 by parity): NaN codes checked for as each slice reads them, the slice redone with
+// the patch if one turns up (slices of an odd S, not by parity, always patched).
+template <typename V, int N, data_type v_type, bool may_hold_nan = true, bool pair_probabilities = false,
+          bool check_nan = false>
 void packed_values(const packed_values_rows &job) {
     // N x S accumulators + 2 x S values + 2 broadcasts within the register file (32 zmm, 16 ymm).
     // But decode's 4-row passes (a GQA group of 4) by pair products read fewer 16-dim rows of a V
@@ -656,15 +711,22 @@ void packed_values(const packed_values_rows &job) {
                                                : N > 1 ? 4
                                                        : 8)
                                             : (N > 1 ? 2 : 4);
+    auto slice = [&](auto vectors_in_slice, dim v0) __attribute__((always_inline)) {
+        constexpr int S = decltype(vectors_in_slice)::value;
+        if constexpr (check_nan && S % 2 == 0) {
+            if (packed_values_slice<V, N, S, v_type, false, pair_probabilities, true>(job, v0))
+                packed_values_slice<V, N, S, v_type, true, pair_probabilities>(job, v0);
+        } else {
+            packed_values_slice<V, N, S, v_type, may_hold_nan || check_nan, pair_probabilities>(job, v0);
+        }
+    };
     const dim vectors = job.d / V::width;
     dim v0 = 0;
     for (; v0 + widest <= vectors; v0 += widest)
-        packed_values_slice<V, N, widest, v_type, may_hold_nan, pair_probabilities>(job, v0);
-    if (widest > 4 && v0 + 4 <= vectors)
-        packed_values_slice<V, N, 4, v_type, may_hold_nan, pair_probabilities>(job, v0), v0 += 4;
-    if (v0 + 2 <= vectors)
-        packed_values_slice<V, N, 2, v_type, may_hold_nan, pair_probabilities>(job, v0), v0 += 2;
-    if (v0 < vectors) packed_values_slice<V, N, 1, v_type, may_hold_nan, pair_probabilities>(job, v0);
+        slice(std::integral_constant<int, widest> {}, v0);
+    if (widest > 4 && v0 + 4 <= vectors) slice(std::integral_constant<int, 4> {}, v0), v0 += 4;
+    if (v0 + 2 <= vectors) slice(std::integral_constant<int, 2> {}, v0), v0 += 2;
+    if (v0 < vectors) slice(std::integral_constant<int, 1> {}, v0);
 }
 
 // The cache type as a template argument, so that the decoding in the inner loops is fixed at
@@ -683,10 +745,21 @@ void packed_scores_of(data_type k_type, bool nan_free, const char *const *k_grou
             packed_scores<V, N, G, data_type::f16>(k_groups, k_size, q, d, out, out_stride, ahead);
             break;
         case data_type::f8_e4m3:
+            // By parity, NaN codes are checked for as the keys are read (no scan): the groups are
+            // redone with the patch if one turns up.
+            if constexpr (V::e4m3_pairs_by_parity) {
+                if (packed_scores<V, N, G, data_type::f8_e4m3, false, true>(k_groups, k_size, q, d, out,
+                                                                            out_stride, ahead))
+                    packed_scores<V, N, G, data_type::f8_e4m3>(k_groups, k_size, q, d, out, out_stride,
+                                                               ahead);
+                break;
+            }
             if constexpr (V::e4m3_nan_scan)
-                if (nan_free)
-                    return packed_scores<V, N, G, data_type::f8_e4m3, false>(k_groups, k_size, q, d, out,
-                                                                             out_stride, ahead);
+                if (nan_free) {
+                    packed_scores<V, N, G, data_type::f8_e4m3, false>(k_groups, k_size, q, d, out, out_stride,
+                                                                      ahead);
+                    break;
+                }
             packed_scores<V, N, G, data_type::f8_e4m3>(k_groups, k_size, q, d, out, out_stride, ahead);
             break;
         default:
@@ -768,6 +841,8 @@ template <typename V, int N> void packed_values_of(const packed_values_rows &job
         case data_type::bf16: packed_values<V, N, data_type::bf16>(job); break;
         case data_type::f16: packed_values<V, N, data_type::f16>(job); break;
         case data_type::f8_e4m3:
+            if constexpr (V::e4m3_pairs_by_parity) // checked as read
+                return packed_values<V, N, data_type::f8_e4m3, false, false, true>(job);
             if constexpr (V::e4m3_nan_scan)
                 if (job.nan_free) return packed_values<V, N, data_type::f8_e4m3, false>(job);
             packed_values<V, N, data_type::f8_e4m3>(job);
@@ -791,35 +866,6 @@ void store_decoded(float *copy, data_type dt, dim index, typename V::reg first, 
     else
         V::store_pair(copy + index, first, second);
 }
-
-// Whether e4m3 codes hold a NaN code (S.1111.111), asked of the codes as a loop decodes them (n a
-// multiple of 16 per call) or of a whole chunk at once (e4m3_without_nan): their largest magnitude
-// is 0x7F. With V::e4m3_nan_scan, decoding codes known to hold none skips the NaN patch (3 or 4
-// vector operations per 8 or 16 codes beside decoding's 3.5); the check costs 2 per 32 codes.
-// Loops that can redo their work with the patch check as they go: a chunk's scan before decoding
-// it once for verify's 16 rows, a second pass over the codes, had cost x64:avx512 ~10% in cache.
-class e4m3_nan_check {
-    __m256i largest_ = _mm256_setzero_si256();
-
-public:
-    void add(const char *codes, dim n) {
-        const __m256i magnitude = _mm256_set1_epi8(0x7F);
-        dim i = 0;
-        for (; i + 32 <= n; i += 32)
-            largest_ = _mm256_max_epu8(
-                    largest_,
-                    _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(codes + i)),
-                                     magnitude));
-        if (i < n) // 16 codes
-            largest_ = _mm256_max_epu8(
-                    largest_, _mm256_and_si256(_mm256_zextsi128_si256(_mm_loadu_si128(
-                                                       reinterpret_cast<const __m128i *>(codes + i))),
-                                               magnitude));
-    }
-    bool found() const {
-        return _mm256_movemask_epi8(_mm256_cmpeq_epi8(largest_, _mm256_set1_epi8(0x7F))) != 0;
-    }
-};
 
 inline bool e4m3_without_nan(const char *codes, dim n) {
     e4m3_nan_check check;
@@ -1015,9 +1061,10 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         // Keys too: a NaN code must decode to NaN here as everywhere (rows that see one have no
         // defined output, but the reference's are NaN-valued). e4m3 chunks that hold none skip the
         // patch: found by a scan before passes that read the cache, by a check as it goes when the
-        // keys are decoded once (redone with the patch if it finds one).
+        // keys are decoded once or by parity (redone with the patch if it finds one).
         const bool k_nan_possible = V::e4m3_nan_scan && !V::pair_products && k_type == data_type::f8_e4m3;
-        bool k_nan_free = k_nan_possible && !k_once;
+        bool k_nan_free =
+                k_nan_possible && !k_once && !V::e4m3_pairs_by_parity; // (by parity: checked as read)
         for (dim g = 0; g < chunk.count && k_nan_free; ++g)
             k_nan_free = e4m3_without_nan(chunk.k[g], 16 * d);
         // Returns whether a NaN code went through unpatched (the check only runs without the patch).
@@ -1262,7 +1309,7 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         const data_type v_source_type = v_once ? decoded_type(v_type) : v_type;
         // (NaN codes as with the keys)
         const bool v_nan_possible = V::e4m3_nan_scan && !V::fp8_by_table && v_type == data_type::f8_e4m3;
-        bool v_nan_free = v_nan_possible && !v_once;
+        bool v_nan_free = v_nan_possible && !v_once && !V::e4m3_pairs_by_parity;
         for (dim g = 0; g < chunk.count && v_nan_free; ++g) // 8 pairs x 32 codes per dims group
             for (dim dims_group = 0; dims_group < d / 16 && v_nan_free; ++dims_group)
                 v_nan_free = e4m3_without_nan(chunk.v[g] + dims_group * 16 * bs, 8 * 32);

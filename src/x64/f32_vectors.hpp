@@ -62,7 +62,7 @@ struct avx512_f32 {
     /// Whether the kernels scan e4m3 chunks for NaN codes, so that load_pair<false> can skip its
     /// NaN patch (3 operations per 16 codes beside the decode's 3.5; the scan costs 2 per 32).
     static constexpr bool e4m3_nan_scan = true;
-    /// Whether load_e4m3_by_parity exists (see avx2_f32's).
+    /// Whether e4m3_by_parity exists (see avx2_f32's).
     static constexpr bool e4m3_pairs_by_parity = false;
     /// What load_pair's values are in units of: e4m3 gives value x 2^-120, as an f32 subnormal
     /// for a subnormal code (exact while MXCSR's denormals-are-zero is clear: the kernels clear it);
@@ -234,7 +234,8 @@ struct avx2_f32 {
                                                _mm256_set1_epi32(0x07F00000));
         return _mm256_or_si256(t, _mm256_and_si256(nan, _mm256_set1_epi32(0x78000000)));
     }
-    /// 32 e4m3 codes (16 pairs, as load_pair's 2 x 16) by the parity of the pair: pairs 0, 2, ..,
+    /// 32 e4m3 codes loaded as one vector (16 pairs, as load_pair's 2 x 16; the kernels check the
+    /// loaded codes for NaN as they go) by the parity of the pair: pairs 0, 2, ..,
     /// 14 into even_first / even_second, pairs 1, 3, .., 15 into odd_first / odd_second. Each 32-bit
     /// lane holds pairs 2j and 2j + 1; 16-bit arithmetic shifts bring each code's sign and bits
     /// into place within its word, a 32-bit shift the low word's up: 5 shifts and 4 masks per 32
@@ -242,9 +243,8 @@ struct avx2_f32 {
     /// a bare loop of the scores took 37.6 cycles per token against 42-45, bf16 32-34).
     static constexpr bool e4m3_pairs_by_parity = true;
     template <bool may_hold_nan = true>
-    __attribute__((always_inline)) static void
-    load_e4m3_by_parity(const void *p, reg &even_first, reg &even_second, reg &odd_first, reg &odd_second) {
-        const __m256i x = _mm256_loadu_si256(static_cast<const __m256i *>(p));
+    __attribute__((always_inline)) static void e4m3_by_parity(__m256i x, reg &even_first, reg &even_second,
+                                                              reg &odd_first, reg &odd_second) {
         const __m256i seconds = _mm256_srai_epi16(x, 4);                      // codes 1 and 3 of a lane
         const __m256i firsts = _mm256_srai_epi16(_mm256_slli_epi16(x, 8), 4); // codes 0 and 2
         even_first = _mm256_castsi256_ps(e4m3_masked_to_f32<may_hold_nan>(_mm256_slli_epi32(firsts, 16)));
