@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <tbb/task_arena.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
@@ -118,8 +119,20 @@ struct setup {
         const unsigned saved = _mm_getcsr();
         if (flush) _mm_setcsr(saved | 0x8040u); // FTZ (bit 15) and DAZ (bit 6)
 #endif
-        prim.execute(s, args);
-        s.wait();
+        if (flush) {
+            // In an arena initialized under FTZ and DAZ: oneTBB gives an arena's worker threads the
+            // floating-point settings of the thread that initialized it, so every thread that may run
+            // an item has them (the default arena keeps those of whichever test came first).
+            tbb::task_arena arena;
+            arena.initialize();
+            arena.execute([&] {
+                prim.execute(s, args);
+                s.wait();
+            });
+        } else {
+            prim.execute(s, args);
+            s.wait();
+        }
 #ifdef PAGEDATTN_TEST_MXCSR
         const unsigned after = _mm_getcsr();
         _mm_setcsr(saved);
@@ -371,6 +384,42 @@ TEST_P(fp8_codes, a_nan_key_anywhere_in_the_range_makes_the_rows_nan) {
                         EXPECT_TRUE(std::isnan(s.out(h, i)))
                                 << "NaN key at token " << t << " dim " << d << ", dim " << i << " head " << h;
             }
+    } while (pd.next_impl());
+}
+
+// e5m2's infinities as keys, anywhere in the range: +inf makes its score +inf and so the rows NaN
+// (inf - inf in the softmax, as in the oracle); -inf makes its score -inf and drops its token, so
+// the rows hold the other tokens' values, all 1 (to the normalization's rounding). Kernels that check the
+// codes for specials to skip their decoding patch must count the infinities (magnitude 0x7C) as specials.
+TEST_P(fp8_codes, an_inf_key_anywhere_in_the_range_makes_the_rows_nan_or_drops_its_token) {
+    const param p = GetParam();
+    if (p.dt != pa::data_type::f8_e5m2) GTEST_SKIP() << "e4m3 has no infinity";
+    const pa::dim tokens = 160, d_size = 128;
+    setup s(p.dt, p.l, p.q_dt, p.dst_dt, tokens, p.q_heads, d_size);
+    s.flush = p.flush;
+    const uint8_t one = 0x3C;
+    std::fill(s.q.begin(), s.q.end(), 1.f);
+    pa::paged_attention::primitive_desc pd(dnnl::engine(dnnl::engine::kind::cpu, 0), s.desc());
+    do {
+        SCOPED_TRACE(std::string(pd.impl_info_str()) + (p.l == pa::layout::packed ? " packed" : " plain"));
+        const pa::paged_attention prim(pd);
+        for (pa::dim t : { 0, 15, 16, 33, 63, 64, 95, 127, 128, 159 })
+            for (pa::dim d : { 0, 15, 16, 70, 127 })
+                for (const bool negative : { false, true }) {
+                    std::fill(s.k.begin(), s.k.end(), 0);
+                    std::fill(s.v.begin(), s.v.end(), one);
+                    s.k_at(t, d) = negative ? 0xFC : 0x7C;
+                    s.run(prim);
+                    for (pa::dim h = 0; h < s.q_heads; ++h)
+                        for (pa::dim i = 0; i < d_size; ++i) {
+                            if (negative)
+                                EXPECT_NEAR(s.out(h, i), 1.f, 1e-6) // (normalized by 1 / the sum)
+                                        << "-inf key at token " << t << " dim " << d << ", dim " << i;
+                            else
+                                EXPECT_TRUE(std::isnan(s.out(h, i)))
+                                        << "+inf key at token " << t << " dim " << d << ", dim " << i;
+                        }
+                }
     } while (pd.next_impl());
 }
 
