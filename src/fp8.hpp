@@ -27,7 +27,7 @@ float decode_e5m2(uint8_t code);
 
 /// 448 for f8_e4m3, 57344 for f8_e5m2, 0 for other types.
 float fp8_max(data_type dt);
-inline bool is_fp8(data_type dt) {
+constexpr bool is_fp8(data_type dt) {
     return dt == data_type::f8_e4m3 || dt == data_type::f8_e5m2;
 }
 

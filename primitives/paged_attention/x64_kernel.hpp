@@ -265,18 +265,22 @@ void run_item_plain(const paged_attention_problem &p, const paged_attention_argu
     store_item_output(p, a, item, acc, row_max, row_sum, out_factor, partial);
 }
 
-// Whether e4m3 codes hold a NaN code (S.1111.111), asked of the codes as a loop decodes them (n a
-// multiple of 16 per call) or of a whole chunk at once (e4m3_without_nan): their largest magnitude
-// is 0x7F. With V::e4m3_nan_scan, decoding codes known to hold none skips the NaN patch (3 or 4
-// vector operations per 8 or 16 codes beside decoding's 3.5); the check costs 2 per 32 codes.
-// Loops that can redo their work with the patch check as they go: a chunk's scan before decoding
-// it once for verify's 16 rows, a second pass over the codes, had cost x64:avx512 ~10% in cache;
-// so do x64:avx2's decode passes (V::e4m3_pairs_by_parity), whose scans cost ~10% in cache on
-// Zen 3, mostly for bringing the chunk into L1 apart from the FMAs.
-class e4m3_nan_check {
+// Whether FP8 codes hold a special code, asked of the codes as a loop decodes them (n a multiple of
+// 16 per call) or of a whole chunk at once (e4m3_without_nan): e4m3's NaN (S.1111.111, magnitude
+// 0x7F), e5m2's inf and NaN (S.11111.MM, magnitude 0x7C and up). With V::e4m3_nan_scan, decoding
+// e4m3 codes known to hold none skips the NaN patch (3 or 4 vector operations per 8 or 16 codes
+// beside decoding's 3.5); the check costs 2 per 32 codes. Loops that can redo their work with the
+// patch check as they go: a chunk's scan before decoding it once for verify's 16 rows, a second
+// pass over the codes, had cost x64:avx512 ~10% in cache; so do x64:avx2's decode passes
+// (V::fp8_pairs_by_parity), whose scans cost ~10% in cache on Zen 3, mostly for bringing the chunk
+// into L1 apart from the FMAs.
+class fp8_special_check {
     __m256i largest_ = _mm256_setzero_si256();
+    char first_special_;
 
 public:
+    explicit fp8_special_check(data_type dt = data_type::f8_e4m3)
+        : first_special_(dt == data_type::f8_e4m3 ? 0x7F : 0x7C) {}
     void add(__m256i codes) {
         largest_ = _mm256_max_epu8(largest_, _mm256_and_si256(codes, _mm256_set1_epi8(0x7F)));
     }
@@ -287,8 +291,9 @@ public:
         if (i < n) // 16 codes
             add(_mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(codes + i))));
     }
-    bool found() const {
-        return _mm256_movemask_epi8(_mm256_cmpeq_epi8(largest_, _mm256_set1_epi8(0x7F))) != 0;
+    bool found() const { // some largest_ byte >= first_special_
+        return _mm256_movemask_epi8(_mm256_cmpeq_epi8(
+                       _mm256_max_epu8(largest_, _mm256_set1_epi8(first_special_)), largest_)) != 0;
     }
 };
 
@@ -312,8 +317,8 @@ __attribute__((always_inline)) inline void prefetch_ahead(const char *current, d
 // ~2 loads per cycle (bare loop: 16 FMAs, each with its own broadcast, plus 4 key loads and 2
 // prefetches, 12.4 cycles; 8.5 with the broadcasts in registers).
 //
-// check_nan (e4m3 by parity only, without the patch): returns whether the codes held a NaN, so that
-// the caller redoes the groups with the patch.
+// check_nan (FP8 by parity only, without the patch): returns whether the codes held a special (e4m3
+// NaN, e5m2 inf or NaN), so that the caller redoes the groups with the patch.
 template <typename V, int N, int G, data_type k_type, bool may_hold_nan = true, bool check_nan = false>
 bool packed_scores(const char *const *k_groups, dim k_size, const float *q, dim d, float *out, dim out_stride,
                    const dim *ahead) {
@@ -337,11 +342,11 @@ bool packed_scores(const char *const *k_groups, dim k_size, const float *q, dim 
                 for (int c = 0; c < chains; ++c)
                     s[r][g][v][c] = V::zero();
     constexpr int pairs_per_step = chains == 4 ? 2 : 1; // d / 2 is a multiple of 4 (d % 8 == 0)
-    // e4m3 keys with 8-lane vectors by the tokens' parity (V::e4m3_by_parity): lane vector 0
+    // FP8 keys with 8-lane vectors by the tokens' parity (V::fp8_by_parity): lane vector 0
     // holds the even tokens, 1 the odd ones, interleaved back when the scores are stored.
-    constexpr bool by_parity = V::e4m3_pairs_by_parity && k_type == data_type::f8_e4m3 && lanes == 2;
-    static_assert(by_parity || !check_nan, "checked as read: e4m3 by parity only");
-    e4m3_nan_check nan_check;
+    constexpr bool by_parity = V::fp8_pairs_by_parity && is_fp8(k_type) && lanes == 2;
+    static_assert(by_parity || !check_nan, "checked as read: FP8 by parity only");
+    fp8_special_check nan_check(k_type);
     for (dim pair0 = 0; pair0 < d / 2; pair0 += pairs_per_step)
         for (int h = 0; h < pairs_per_step; ++h) {
             const dim pair = pair0 + h;
@@ -351,8 +356,8 @@ bool packed_scores(const char *const *k_groups, dim k_size, const float *q, dim 
                     const __m256i codes =
                             _mm256_loadu_si256(reinterpret_cast<const __m256i *>(k_groups[g] + pair * 32));
                     if constexpr (check_nan) nan_check.add(codes);
-                    V::template e4m3_by_parity<may_hold_nan>(codes, first[g][0], second[g][0], first[g][1],
-                                                             second[g][1]);
+                    V::template fp8_by_parity<k_type, may_hold_nan>(codes, first[g][0], second[g][0],
+                                                                    first[g][1], second[g][1]);
                     continue;
                 }
                 for (int v = 0; v < lanes; ++v)
@@ -487,7 +492,7 @@ struct packed_values_rows {
 // FMAs, and no split of the pairs into f32. The probabilities are then rounded to bf16, an error of
 // the order of the dst's own rounding (under fpmath strict f32 and f16 dst keep them in f32).
 //
-// check_nan (e4m3 by parity only, without the patch): returns whether the codes held a NaN, before
+// check_nan (FP8 by parity only, without the patch): returns whether the codes held a special, before
 // storing anything, so that the caller redoes the slice with the patch from the same accumulators.
 template <typename V, int N, int S, data_type v_type, bool may_hold_nan, bool pair_probabilities = false,
           bool check_nan = false>
@@ -505,20 +510,20 @@ __attribute__((always_inline)) inline bool packed_values_slice(const packed_valu
     };
     // odd: the odd token pairs' sums with pair products, where N x S sums alone are too few (below)
     constexpr bool odd_sums = pair_probabilities && N * S <= 8;
-    // e4m3 values with 8-lane vectors by the dims' parity (V::e4m3_by_parity): vectors i and
+    // FP8 values with 8-lane vectors by the dims' parity (V::fp8_by_parity): vectors i and
     // i + 1 (i even, as v0 is for S >= 2) of a 16-dim row hold its even and its odd dims, split
     // from the accumulators when loaded and interleaved back when stored.
-    constexpr bool by_parity =
-            V::e4m3_pairs_by_parity && v_type == data_type::f8_e4m3 && width == 8 && S % 2 == 0;
+    constexpr bool by_parity = V::fp8_pairs_by_parity && is_fp8(v_type) && width == 8 && S % 2 == 0;
     constexpr int row_step = by_parity ? 2 : 1; // vectors decoded together
-    static_assert(by_parity || !check_nan, "checked as read: e4m3 by parity only");
-    e4m3_nan_check nan_check;
+    static_assert(by_parity || !check_nan, "checked as read: FP8 by parity only");
+    fp8_special_check nan_check(v_type);
     auto decode_by_parity = [&](const char *p, auto &even_first, auto &even_second, auto &odd_first,
                                 auto &odd_second) __attribute__((always_inline)) {
         if constexpr (by_parity) {
             const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p));
             if constexpr (check_nan) nan_check.add(codes);
-            V::template e4m3_by_parity<may_hold_nan>(codes, even_first, even_second, odd_first, odd_second);
+            V::template fp8_by_parity<v_type, may_hold_nan>(codes, even_first, even_second, odd_first,
+                                                            odd_second);
         }
     };
     R out[N][S], odd[N][S];
@@ -693,8 +698,8 @@ __attribute__((always_inline)) inline bool packed_values_slice(const packed_valu
 // acc (N rows x D) = acc * correction + probabilities x V for one packed V group, in slices of
 // dims sized to the register file (32 zmm, 16 ymm).
 //
-// check_nan (e4m3 by parity): NaN codes checked for as each slice reads them, the slice redone with
-// the patch if one turns up (slices of an odd S, not by parity, always patched).
+// check_nan (FP8 by parity): special codes checked for as each slice reads them, the slice redone
+// with the patch if one turns up (slices of an odd S, not by parity, always patched).
 template <typename V, int N, data_type v_type, bool may_hold_nan = true, bool pair_probabilities = false,
           bool check_nan = false>
 void packed_values(const packed_values_rows &job) {
@@ -729,6 +734,15 @@ void packed_values(const packed_values_rows &job) {
     if (v0 < vectors) slice(std::integral_constant<int, 1> {}, v0);
 }
 
+// FP8 keys by parity: special codes are checked for as the keys are read (no scan), the groups
+// redone with the patch if one turns up.
+template <typename V, int N, int G, data_type k_type>
+void packed_scores_checked(const char *const *k_groups, dim k_size, const float *q, dim d, float *out,
+                           dim out_stride, const dim *ahead) {
+    if (packed_scores<V, N, G, k_type, false, true>(k_groups, k_size, q, d, out, out_stride, ahead))
+        packed_scores<V, N, G, k_type>(k_groups, k_size, q, d, out, out_stride, ahead);
+}
+
 // The cache type as a template argument, so that the decoding in the inner loops is fixed at
 // compile time; N rows against G groups.
 template <typename V, int N, int G>
@@ -745,13 +759,9 @@ void packed_scores_of(data_type k_type, bool nan_free, const char *const *k_grou
             packed_scores<V, N, G, data_type::f16>(k_groups, k_size, q, d, out, out_stride, ahead);
             break;
         case data_type::f8_e4m3:
-            // By parity, NaN codes are checked for as the keys are read (no scan): the groups are
-            // redone with the patch if one turns up.
-            if constexpr (V::e4m3_pairs_by_parity) {
-                if (packed_scores<V, N, G, data_type::f8_e4m3, false, true>(k_groups, k_size, q, d, out,
-                                                                            out_stride, ahead))
-                    packed_scores<V, N, G, data_type::f8_e4m3>(k_groups, k_size, q, d, out, out_stride,
-                                                               ahead);
+            if constexpr (V::fp8_pairs_by_parity) {
+                packed_scores_checked<V, N, G, data_type::f8_e4m3>(k_groups, k_size, q, d, out, out_stride,
+                                                                   ahead);
                 break;
             }
             if constexpr (V::e4m3_nan_scan)
@@ -763,6 +773,11 @@ void packed_scores_of(data_type k_type, bool nan_free, const char *const *k_grou
             packed_scores<V, N, G, data_type::f8_e4m3>(k_groups, k_size, q, d, out, out_stride, ahead);
             break;
         default:
+            if constexpr (V::fp8_pairs_by_parity) {
+                packed_scores_checked<V, N, G, data_type::f8_e5m2>(k_groups, k_size, q, d, out, out_stride,
+                                                                   ahead);
+                break;
+            }
             packed_scores<V, N, G, data_type::f8_e5m2>(k_groups, k_size, q, d, out, out_stride, ahead);
             break;
     }
@@ -841,13 +856,17 @@ template <typename V, int N> void packed_values_of(const packed_values_rows &job
         case data_type::bf16: packed_values<V, N, data_type::bf16>(job); break;
         case data_type::f16: packed_values<V, N, data_type::f16>(job); break;
         case data_type::f8_e4m3:
-            if constexpr (V::e4m3_pairs_by_parity) // checked as read
+            if constexpr (V::fp8_pairs_by_parity) // checked as read
                 return packed_values<V, N, data_type::f8_e4m3, false, false, true>(job);
             if constexpr (V::e4m3_nan_scan)
                 if (job.nan_free) return packed_values<V, N, data_type::f8_e4m3, false>(job);
             packed_values<V, N, data_type::f8_e4m3>(job);
             break;
-        default: packed_values<V, N, data_type::f8_e5m2>(job); break;
+        default:
+            if constexpr (V::fp8_pairs_by_parity) // checked as read
+                return packed_values<V, N, data_type::f8_e5m2, false, false, true>(job);
+            packed_values<V, N, data_type::f8_e5m2>(job);
+            break;
     }
 }
 
@@ -868,7 +887,7 @@ void store_decoded(float *copy, data_type dt, dim index, typename V::reg first, 
 }
 
 inline bool e4m3_without_nan(const char *codes, dim n) {
-    e4m3_nan_check check;
+    fp8_special_check check;
     check.add(codes, n);
     return !check.found();
 }
@@ -955,11 +974,12 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                     q_pairs[r0 * (d / 2) + pair * n + r] = row_major[(r0 + r) * (d / 2) + pair];
         }
     }
-    // load_pair's units (e4m3: 2^-120) folded back by powers of two (exact): into q and into the
+    // load_pair's units (e4m3: 2^-120; e5m2 on x64:avx2: 2^-112) folded back by powers of two
+    // (exact): into q and into the
     // probabilities (times any per-token V scales) as far as their largest magnitude stays below
     // 2^125, the rest into the scores (score_factor) and the output. Normally all of it goes into
     // q and the probabilities, so that every product is the true one (no new subnormals), and the
-    // sums stay far from overflow (|k| and |v| x the unit are below 2^-111).
+    // sums stay far from overflow (|k| and |v| x the unit are below 2^-96).
     auto into = [](int unit, float largest) {
         return std::isfinite(largest) && largest > 0.f ? std::min(unit, 124 - std::ilogb(largest)) : unit;
     };
@@ -1061,15 +1081,18 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         // Keys too: a NaN code must decode to NaN here as everywhere (rows that see one have no
         // defined output, but the reference's are NaN-valued). e4m3 chunks that hold none skip the
         // patch: found by a scan before passes that read the cache, by a check as it goes when the
-        // keys are decoded once or by parity (redone with the patch if it finds one).
-        const bool k_nan_possible = V::e4m3_nan_scan && !V::pair_products && k_type == data_type::f8_e4m3;
+        // keys are decoded once or by parity (redone with the patch if it finds one); e5m2's inf
+        // and NaN likewise where it is decoded by shifts too (V::fp8_pairs_by_parity).
+        const bool k_nan_possible =
+                V::e4m3_nan_scan && !V::pair_products &&
+                (k_type == data_type::f8_e4m3 || (V::fp8_pairs_by_parity && k_type == data_type::f8_e5m2));
         bool k_nan_free =
-                k_nan_possible && !k_once && !V::e4m3_pairs_by_parity; // (by parity: checked as read)
+                k_nan_possible && !k_once && !V::fp8_pairs_by_parity; // (by parity: checked as read)
         for (dim g = 0; g < chunk.count && k_nan_free; ++g)
             k_nan_free = e4m3_without_nan(chunk.k[g], 16 * d);
         // Returns whether a NaN code went through unpatched (the check only runs without the patch).
         auto decode_keys_once = [&](auto patched) {
-            e4m3_nan_check check;
+            fp8_special_check check(k_type);
             for (dim g = 0; g < chunk.count; ++g)
                 for (dim i = 0; i < 16 * d; i += V::pair_products ? 4 * width : 2 * width) {
                     const char *source = chunk.k[g] + i * k_size;
@@ -1308,8 +1331,10 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         const bool v_once = rows > value_rows && v_type != data_type::f32 && v_type != data_type::bf16;
         const data_type v_source_type = v_once ? decoded_type(v_type) : v_type;
         // (NaN codes as with the keys)
-        const bool v_nan_possible = V::e4m3_nan_scan && !V::fp8_by_table && v_type == data_type::f8_e4m3;
-        bool v_nan_free = v_nan_possible && !v_once && !V::e4m3_pairs_by_parity;
+        const bool v_nan_possible =
+                V::e4m3_nan_scan && !V::fp8_by_table &&
+                (v_type == data_type::f8_e4m3 || (V::fp8_pairs_by_parity && v_type == data_type::f8_e5m2));
+        bool v_nan_free = v_nan_possible && !v_once && !V::fp8_pairs_by_parity;
         for (dim g = 0; g < chunk.count && v_nan_free; ++g) // 8 pairs x 32 codes per dims group
             for (dim dims_group = 0; dims_group < d / 16 && v_nan_free; ++dims_group)
                 v_nan_free = e4m3_without_nan(chunk.v[g] + dims_group * 16 * bs, 8 * 32);
@@ -1337,7 +1362,7 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
             }
         }
         auto decode_values_once = [&](auto patched) { // as decode_keys_once
-            e4m3_nan_check check;
+            fp8_special_check check(v_type);
             for (dim dims_group = 0; dims_group < d / 16; ++dims_group)
                 for (dim pair = first_pair; pair < end_pair; ++pair)
                     for (dim sub = 0; sub < 16; sub += width) {
@@ -1405,8 +1430,8 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
 }
 
 // MXCSR's denormals-are-zero and flush-to-zero cleared while it lives, its other control bits
-// and the caller's exception flags kept: e4m3 subnormals become f32 subnormals in load_pair's
-// units and in decode_e4m3_lanes, which DAZ would read as zeros.
+// and the caller's exception flags kept: FP8 subnormals become f32 subnormals in load_pair's
+// units (e4m3; e5m2 on x64:avx2) and in decode_e4m3_lanes, which DAZ would read as zeros.
 class subnormals_kept {
     static constexpr unsigned flush_bits = 0x8040u, exception_flags = 0x3Fu;
     unsigned saved_;
@@ -1426,8 +1451,7 @@ public:
 template <typename V>
 void run_item(const paged_attention_problem &p, const paged_attention_arguments &a, const work_item &item,
               const work_item *next, float *scratch, float *partial) {
-    const subnormals_kept kept(p.k_cache.get_data_type() == data_type::f8_e4m3 ||
-                               p.v_cache.get_data_type() == data_type::f8_e4m3);
+    const subnormals_kept kept(is_fp8(p.k_cache.get_data_type()) || is_fp8(p.v_cache.get_data_type()));
     if (p.k_cache.get_layout() == layout::packed)
         run_item_packed<V>(p, a, item, next, scratch, partial);
     else

@@ -62,8 +62,8 @@ struct avx512_f32 {
     /// Whether the kernels scan e4m3 chunks for NaN codes, so that load_pair<false> can skip its
     /// NaN patch (3 operations per 16 codes beside the decode's 3.5; the scan costs 2 per 32).
     static constexpr bool e4m3_nan_scan = true;
-    /// Whether e4m3_by_parity exists (see avx2_f32's).
-    static constexpr bool e4m3_pairs_by_parity = false;
+    /// Whether fp8_by_parity exists (see avx2_f32's).
+    static constexpr bool fp8_pairs_by_parity = false;
     /// What load_pair's values are in units of: e4m3 gives value x 2^-120, as an f32 subnormal
     /// for a subnormal code (exact while MXCSR's denormals-are-zero is clear: the kernels clear it);
     /// the other types the value.
@@ -221,36 +221,53 @@ struct avx2_f32 {
     }
     static constexpr bool fp8_by_table = false;
     static constexpr bool e4m3_nan_scan = true; // (as avx512_f32)
-    static float load_unit(data_type dt) { return dt == data_type::f8_e4m3 ? 0x1p-120f : 1.f; }
-    template <bool may_hold_nan> static __m256i e4m3_top_byte_to_f32(__m256i top) { // as avx512_f32's
-        return e4m3_masked_to_f32<may_hold_nan>(_mm256_srai_epi32(top, 4));
+    /// e4m3 as avx512_f32's (value x 2^-120); e5m2 the same way: a code in a lane's top byte
+    /// shifted right by 3 with the sign copied, the copies cleared, puts E in the f32 exponent's low
+    /// 5 bits and M at the mantissa's top, the value x 2^-112 (subnormals as f32 subnormals). Only
+    /// the codes whose E is all ones (inf and NaN) need a patch: their exponent's other bits set.
+    /// Through f16 (vcvtph2ps) e5m2 had cost 124 cycles per (token, kv head) of decode in cache on
+    /// Zen 3, e4m3 by shifts 104.
+    static float load_unit(data_type dt) {
+        return dt == data_type::f8_e4m3 ? 0x1p-120f : dt == data_type::f8_e5m2 ? 0x1p-112f : 1.f;
     }
-    // `shifted`: a code's bits 6..0 at 26..20 and its sign at 31 (other bits anything): the f32
-    // form of load_unit (value x 2^-120), NaN codes patched unless known absent.
-    template <bool may_hold_nan> static __m256i e4m3_masked_to_f32(__m256i shifted) {
-        const __m256i t = _mm256_and_si256(shifted, _mm256_set1_epi32(static_cast<int>(0x87F00000u)));
-        if constexpr (!may_hold_nan) return t;
-        const __m256i nan = _mm256_cmpeq_epi32(_mm256_and_si256(t, _mm256_set1_epi32(0x07F00000)),
-                                               _mm256_set1_epi32(0x07F00000));
-        return _mm256_or_si256(t, _mm256_and_si256(nan, _mm256_set1_epi32(0x78000000)));
+    template <data_type dt> static constexpr int fp8_shift = dt == data_type::f8_e4m3 ? 4 : 3;
+    template <data_type dt, bool may_hold_special> static __m256i fp8_top_byte_to_f32(__m256i top) {
+        return fp8_masked_to_f32<dt, may_hold_special>(_mm256_srai_epi32(top, fp8_shift<dt>));
     }
-    /// 32 e4m3 codes loaded as one vector (16 pairs, as load_pair's 2 x 16; the kernels check the
-    /// loaded codes for NaN as they go) by the parity of the pair: pairs 0, 2, ..,
+    // `shifted`: a code's sign at bit 31 and its other 7 bits at 26..20 (e4m3) or 27..21 (e5m2),
+    // the other bits anything: the f32 form of load_unit, its specials (e4m3 NaN, e5m2 inf and NaN)
+    // patched unless known absent.
+    template <data_type dt, bool may_hold_special> static __m256i fp8_masked_to_f32(__m256i shifted) {
+        constexpr bool e4m3 = dt == data_type::f8_e4m3;
+        const __m256i t = _mm256_and_si256(
+                shifted, _mm256_set1_epi32(static_cast<int>(e4m3 ? 0x87F00000u : 0x8FE00000u)));
+        if constexpr (!may_hold_special) return t;
+        const int special = e4m3 ? 0x07F00000 : 0x0F800000; // E.M all ones (e4m3), E all ones (e5m2)
+        const __m256i is_special = _mm256_cmpeq_epi32(_mm256_and_si256(t, _mm256_set1_epi32(special)),
+                                                      _mm256_set1_epi32(special));
+        return _mm256_or_si256(
+                t, _mm256_and_si256(is_special, _mm256_set1_epi32(e4m3 ? 0x78000000 : 0x70000000)));
+    }
+    /// 32 FP8 codes loaded as one vector (16 pairs, as load_pair's 2 x 16; the kernels check the
+    /// loaded codes for specials as they go) by the parity of the pair: pairs 0, 2, ..,
     /// 14 into even_first / even_second, pairs 1, 3, .., 15 into odd_first / odd_second. Each 32-bit
     /// lane holds pairs 2j and 2j + 1; 16-bit arithmetic shifts bring each code's sign and bits
     /// into place within its word, a 32-bit shift the low word's up: 5 shifts and 4 masks per 32
     /// codes, where load_pair takes 8 shifts or shuffles (on Zen 3 they seem to share a pipe with the FMAs:
     /// a bare loop of the scores took 37.6 cycles per token against 42-45, bf16 32-34).
-    static constexpr bool e4m3_pairs_by_parity = true;
-    template <bool may_hold_nan = true>
-    __attribute__((always_inline)) static void e4m3_by_parity(__m256i x, reg &even_first, reg &even_second,
-                                                              reg &odd_first, reg &odd_second) {
-        const __m256i seconds = _mm256_srai_epi16(x, 4);                      // codes 1 and 3 of a lane
-        const __m256i firsts = _mm256_srai_epi16(_mm256_slli_epi16(x, 8), 4); // codes 0 and 2
-        even_first = _mm256_castsi256_ps(e4m3_masked_to_f32<may_hold_nan>(_mm256_slli_epi32(firsts, 16)));
-        even_second = _mm256_castsi256_ps(e4m3_masked_to_f32<may_hold_nan>(_mm256_slli_epi32(seconds, 16)));
-        odd_first = _mm256_castsi256_ps(e4m3_masked_to_f32<may_hold_nan>(firsts));
-        odd_second = _mm256_castsi256_ps(e4m3_masked_to_f32<may_hold_nan>(seconds));
+    static constexpr bool fp8_pairs_by_parity = true;
+    template <data_type dt, bool may_hold_special = true>
+    __attribute__((always_inline)) static void fp8_by_parity(__m256i x, reg &even_first, reg &even_second,
+                                                             reg &odd_first, reg &odd_second) {
+        constexpr int shift = fp8_shift<dt>;
+        const __m256i seconds = _mm256_srai_epi16(x, shift);                      // codes 1 and 3 of a lane
+        const __m256i firsts = _mm256_srai_epi16(_mm256_slli_epi16(x, 8), shift); // codes 0 and 2
+        even_first =
+                _mm256_castsi256_ps(fp8_masked_to_f32<dt, may_hold_special>(_mm256_slli_epi32(firsts, 16)));
+        even_second =
+                _mm256_castsi256_ps(fp8_masked_to_f32<dt, may_hold_special>(_mm256_slli_epi32(seconds, 16)));
+        odd_first = _mm256_castsi256_ps(fp8_masked_to_f32<dt, may_hold_special>(firsts));
+        odd_second = _mm256_castsi256_ps(fp8_masked_to_f32<dt, may_hold_special>(seconds));
     }
     static reg decode_e4m3_lanes(__m256i x) {
         const __m256i magnitude = _mm256_and_si256(x, _mm256_set1_epi32(0x7F));
@@ -314,38 +331,27 @@ struct avx2_f32 {
                         _mm256_permute4x64_pd(_mm256_castps_pd(odd), _MM_SHUFFLE(3, 1, 2, 0)));
                 break;
             }
-            case data_type::f8_e4m3: { // 16 codes, in both 128-bit halves
-                // One byte shuffle puts each pair's first code (second code) in the top byte of a
-                // 32-bit lane, the other bytes zero: 3 operations per 8 codes where widening and
-                // shifting (as avx512_f32 does) took 3.5; on Zen 3 a bare loop of the scores' FMAs
-                // took 42-44 cycles per token instead of 46-47 (bf16 35-37).
-                const __m256i firsts =
-                        _mm256_setr_epi8(-1, -1, -1, 0, -1, -1, -1, 2, -1, -1, -1, 4, -1, -1, -1, 6, //
-                                         -1, -1, -1, 8, -1, -1, -1, 10, -1, -1, -1, 12, -1, -1, -1, 14);
-                const __m256i seconds =
-                        _mm256_setr_epi8(-1, -1, -1, 1, -1, -1, -1, 3, -1, -1, -1, 5, -1, -1, -1, 7, //
-                                         -1, -1, -1, 9, -1, -1, -1, 11, -1, -1, -1, 13, -1, -1, -1, 15);
-                const __m256i x =
-                        _mm256_broadcastsi128_si256(_mm_loadu_si128(static_cast<const __m128i *>(p)));
-                first = _mm256_castsi256_ps(
-                        e4m3_top_byte_to_f32<may_hold_nan>(_mm256_shuffle_epi8(x, firsts)));
-                second = _mm256_castsi256_ps(
-                        e4m3_top_byte_to_f32<may_hold_nan>(_mm256_shuffle_epi8(x, seconds)));
-                break;
-            }
-            default: { // e5m2, 16 codes: each the high byte of an f16
-                // The even codes go to the high bytes of the low half's words, the odd codes to the
-                // high half's (one shuffle of the 16 bytes in both halves).
-                const __m256i split = _mm256_setr_epi8(-128, 0, -128, 2, -128, 4, -128, 6, -128, 8, -128, 10,
-                                                       -128, 12, -128, 14, -128, 1, -128, 3, -128, 5, -128, 7,
-                                                       -128, 9, -128, 11, -128, 13, -128, 15);
-                const __m256i h = _mm256_shuffle_epi8(
-                        _mm256_broadcastsi128_si256(_mm_loadu_si128(static_cast<const __m128i *>(p))), split);
-                first = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
-                second = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
-                break;
-            }
+            case data_type::f8_e4m3: load_fp8_pair<data_type::f8_e4m3, may_hold_nan>(p, first, second); break;
+            default: load_fp8_pair<data_type::f8_e5m2, may_hold_nan>(p, first, second); break;
         }
+    }
+    // 16 FP8 codes, in both 128-bit halves: one byte shuffle puts each pair's first code (second
+    // code) in the top byte of a 32-bit lane, the other bytes zero: 3 operations per 8 codes where
+    // widening and shifting (as avx512_f32 does) took 3.5; on Zen 3 a bare loop of the scores' FMAs
+    // took 42-44 cycles per token instead of 46-47 (bf16 35-37).
+    template <data_type dt, bool may_hold_special>
+    __attribute__((always_inline)) static void load_fp8_pair(const void *p, reg &first, reg &second) {
+        const __m256i firsts =
+                _mm256_setr_epi8(-1, -1, -1, 0, -1, -1, -1, 2, -1, -1, -1, 4, -1, -1, -1, 6, //
+                                 -1, -1, -1, 8, -1, -1, -1, 10, -1, -1, -1, 12, -1, -1, -1, 14);
+        const __m256i seconds =
+                _mm256_setr_epi8(-1, -1, -1, 1, -1, -1, -1, 3, -1, -1, -1, 5, -1, -1, -1, 7, //
+                                 -1, -1, -1, 9, -1, -1, -1, 11, -1, -1, -1, 13, -1, -1, -1, 15);
+        const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128(static_cast<const __m128i *>(p)));
+        first = _mm256_castsi256_ps(
+                fp8_top_byte_to_f32<dt, may_hold_special>(_mm256_shuffle_epi8(x, firsts)));
+        second = _mm256_castsi256_ps(
+                fp8_top_byte_to_f32<dt, may_hold_special>(_mm256_shuffle_epi8(x, seconds)));
     }
     static void store_pair(float *p, reg first, reg second) {
         const __m256 low = _mm256_unpacklo_ps(first, second), high = _mm256_unpackhi_ps(first, second);
