@@ -1,8 +1,8 @@
 // Every FP8 code through every paged_attention implementation, in both cache layouts, with f32
 // and bf16 dst, and with 1 or 16 query heads on the one kv head (16 rows: x64:amx's tile products;
 // every head's query is the same, so each must give the same expected row), exactly: the kernels dequantize
-// in registers (x64:avx512 and x64:avx2: e4m3 by shifts into f32 bits, as f32 subnormals for its subnormals,
-// e5m2 as f16's top byte; x64:avx512_bf16: both
+// in registers (x64:avx512 and x64:avx2: e4m3 by shifts into f32 bits, as f32 subnormals for its subnormals;
+// e5m2 likewise on x64:avx2 and as f16's top byte on x64:avx512; x64:avx512_bf16: both
 // by byte tables into bf16), and FP8 subnormals, the largest values, inf and NaN must come out as the format
 // defines them.
 //   values: a one-hot softmax (score 448 against 0: every other weight underflows) selects one token,
