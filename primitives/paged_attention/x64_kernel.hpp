@@ -12,10 +12,12 @@
 //   plain:  each K row is dequantized once into L1 and dotted with every row; each V row likewise.
 //   packed: tokens sit in vector lanes (K rows of 16 tokens x a dim pair, V rows of 16 dims x a
 //           token pair), so FP8/bf16 are dequantized in registers right before the FMAs and scores
-//           need no horizontal sums (e4m3 by integer shifts into f32 bits, value x 2^-120, without
-//           its NaN patch where the chunk's codes hold no NaN). The instantiation of avx512_bf16.cpp computes
-//           the scores by bf16 pair products instead (vdpbf16ps), and with a bf16 dst the values' products
-//           too (the probabilities rounded to bf16, as dst will be; f32 and f16 dst keep them in f32).
+//           need no horizontal sums (e4m3, and e5m2 on x64:avx2, by integer shifts into f32 bits,
+//           value x 2^-120 or 2^-112, without the patch for NaN and inf where the codes hold none:
+//           x64:avx512 scans a chunk before its passes, x64:avx2 checks the codes as it reads them).
+//           The instantiation of avx512_bf16.cpp computes the scores by bf16 pair products instead
+//           (vdpbf16ps), and with a bf16 dst the values' products too (the probabilities rounded to
+//           bf16, as dst will be; f32 and f16 dst keep them in f32).
 #pragma once
 
 #include <algorithm>
@@ -975,11 +977,11 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         }
     }
     // load_pair's units (e4m3: 2^-120; e5m2 on x64:avx2: 2^-112) folded back by powers of two
-    // (exact): into q and into the
-    // probabilities (times any per-token V scales) as far as their largest magnitude stays below
-    // 2^125, the rest into the scores (score_factor) and the output. Normally all of it goes into
-    // q and the probabilities, so that every product is the true one (no new subnormals), and the
-    // sums stay far from overflow (|k| and |v| x the unit are below 2^-96).
+    // (exact): into q and into the probabilities (times any per-token V scales) as far as their
+    // largest magnitude stays below 2^125, the rest into the scores (score_factor) and the output.
+    // Normally all of it goes into q and the probabilities, so that every product is the true one
+    // (no new subnormals), and the sums stay far from overflow (|k| and |v| x the unit are below
+    // 2^-96).
     auto into = [](int unit, float largest) {
         return std::isfinite(largest) && largest > 0.f ? std::min(unit, 124 - std::ilogb(largest)) : unit;
     };
