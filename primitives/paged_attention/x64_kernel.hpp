@@ -750,6 +750,16 @@ void packed_scores_checked(const char *const *k_groups, dim k_size, const float 
 template <typename V, int N, int G>
 void packed_scores_of(data_type k_type, bool nan_free, const char *const *k_groups, dim k_size,
                       const float *q, dim d, float *out, dim out_stride, const dim *ahead) {
+    if constexpr (V::fp8_pairs_by_parity)
+        if (is_fp8(k_type)) {
+            if (k_type == data_type::f8_e4m3)
+                packed_scores_checked<V, N, G, data_type::f8_e4m3>(k_groups, k_size, q, d, out, out_stride,
+                                                                   ahead);
+            else
+                packed_scores_checked<V, N, G, data_type::f8_e5m2>(k_groups, k_size, q, d, out, out_stride,
+                                                                   ahead);
+            return;
+        }
     switch (k_type) {
         case data_type::f32:
             packed_scores<V, N, G, data_type::f32>(k_groups, k_size, q, d, out, out_stride, ahead);
@@ -761,11 +771,6 @@ void packed_scores_of(data_type k_type, bool nan_free, const char *const *k_grou
             packed_scores<V, N, G, data_type::f16>(k_groups, k_size, q, d, out, out_stride, ahead);
             break;
         case data_type::f8_e4m3:
-            if constexpr (V::fp8_pairs_by_parity) {
-                packed_scores_checked<V, N, G, data_type::f8_e4m3>(k_groups, k_size, q, d, out, out_stride,
-                                                                   ahead);
-                break;
-            }
             if constexpr (V::e4m3_nan_scan)
                 if (nan_free) {
                     packed_scores<V, N, G, data_type::f8_e4m3, false>(k_groups, k_size, q, d, out, out_stride,
@@ -775,11 +780,6 @@ void packed_scores_of(data_type k_type, bool nan_free, const char *const *k_grou
             packed_scores<V, N, G, data_type::f8_e4m3>(k_groups, k_size, q, d, out, out_stride, ahead);
             break;
         default:
-            if constexpr (V::fp8_pairs_by_parity) {
-                packed_scores_checked<V, N, G, data_type::f8_e5m2>(k_groups, k_size, q, d, out, out_stride,
-                                                                   ahead);
-                break;
-            }
             packed_scores<V, N, G, data_type::f8_e5m2>(k_groups, k_size, q, d, out, out_stride, ahead);
             break;
     }
@@ -853,22 +853,21 @@ template <typename V, int N> void packed_values_of(const packed_values_rows &job
             }
         }
     }
+    if constexpr (V::fp8_pairs_by_parity) // FP8 by parity: checked as read
+        if (is_fp8(job.v_type))
+            return job.v_type == data_type::f8_e4m3
+                           ? packed_values<V, N, data_type::f8_e4m3, false, false, true>(job)
+                           : packed_values<V, N, data_type::f8_e5m2, false, false, true>(job);
     switch (job.v_type) {
         case data_type::f32: packed_values<V, N, data_type::f32>(job); break;
         case data_type::bf16: packed_values<V, N, data_type::bf16>(job); break;
         case data_type::f16: packed_values<V, N, data_type::f16>(job); break;
         case data_type::f8_e4m3:
-            if constexpr (V::fp8_pairs_by_parity) // checked as read
-                return packed_values<V, N, data_type::f8_e4m3, false, false, true>(job);
             if constexpr (V::e4m3_nan_scan)
                 if (job.nan_free) return packed_values<V, N, data_type::f8_e4m3, false>(job);
             packed_values<V, N, data_type::f8_e4m3>(job);
             break;
-        default:
-            if constexpr (V::fp8_pairs_by_parity) // checked as read
-                return packed_values<V, N, data_type::f8_e5m2, false, false, true>(job);
-            packed_values<V, N, data_type::f8_e5m2>(job);
-            break;
+        default: packed_values<V, N, data_type::f8_e5m2>(job); break;
     }
 }
 
@@ -886,6 +885,13 @@ void store_decoded(float *copy, data_type dt, dim index, typename V::reg first, 
         V::store_pair_bf16(reinterpret_cast<uint16_t *>(copy) + index, first, second);
     else
         V::store_pair(copy + index, first, second);
+}
+
+// Whether V decodes dt with a patch for special codes that a scan or a check can let it skip: e4m3
+// where V::e4m3_nan_scan, e5m2 too where it is decoded by shifts (V::fp8_pairs_by_parity).
+template <typename V> bool special_patch_skippable(data_type dt) {
+    return V::e4m3_nan_scan &&
+           (dt == data_type::f8_e4m3 || (V::fp8_pairs_by_parity && dt == data_type::f8_e5m2));
 }
 
 inline bool e4m3_without_nan(const char *codes, dim n) {
@@ -1085,9 +1091,7 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         // patch: found by a scan before passes that read the cache, by a check as it goes when the
         // keys are decoded once or by parity (redone with the patch if it finds one); e5m2's inf
         // and NaN likewise where it is decoded by shifts too (V::fp8_pairs_by_parity).
-        const bool k_nan_possible =
-                V::e4m3_nan_scan && !V::pair_products &&
-                (k_type == data_type::f8_e4m3 || (V::fp8_pairs_by_parity && k_type == data_type::f8_e5m2));
+        const bool k_nan_possible = !V::pair_products && special_patch_skippable<V>(k_type);
         bool k_nan_free =
                 k_nan_possible && !k_once && !V::fp8_pairs_by_parity; // (by parity: checked as read)
         for (dim g = 0; g < chunk.count && k_nan_free; ++g)
@@ -1333,9 +1337,7 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         const bool v_once = rows > value_rows && v_type != data_type::f32 && v_type != data_type::bf16;
         const data_type v_source_type = v_once ? decoded_type(v_type) : v_type;
         // (NaN codes as with the keys)
-        const bool v_nan_possible =
-                V::e4m3_nan_scan && !V::fp8_by_table &&
-                (v_type == data_type::f8_e4m3 || (V::fp8_pairs_by_parity && v_type == data_type::f8_e5m2));
+        const bool v_nan_possible = !V::fp8_by_table && special_patch_skippable<V>(v_type);
         bool v_nan_free = v_nan_possible && !v_once && !V::fp8_pairs_by_parity;
         for (dim g = 0; g < chunk.count && v_nan_free; ++g) // 8 pairs x 32 codes per dims group
             for (dim dims_group = 0; dims_group < d / 16 && v_nan_free; ++dims_group)
