@@ -389,16 +389,9 @@ void expect_same_floats(const char *what, const std::vector<float> &actual,
     EXPECT_EQ(mismatches, 0u) << what;
 }
 
-// Runs every implementation that accepts the case and compares it with ref:any; returns the names
-// of those that ran.
-std::vector<std::string> compare_with_reference(const e2e_case &c, uint32_t seed,
-                                                const std::vector<int64_t> *slots = nullptr) {
-    std::mt19937 rng(seed);
-    inputs in = make_inputs(c, rng);
-    if (slots) {
-        in.slots64 = *slots;
-        in.slots32.assign(slots->begin(), slots->end());
-    }
+// Runs every implementation that accepts the case on the inputs and compares it with ref:any;
+// returns the names of those that ran.
+std::vector<std::string> compare_inputs_with_reference(const e2e_case &c, const inputs &in) {
     const tensor_desc cache_md = cache_desc(c);
     const reshape_and_cache::desc d(tensor_desc({ runtime_dim, c.h, c.d }, c.key_dt),
                                     tensor_desc({ runtime_dim, c.h, c.d }, c.value_dt), cache_md, cache_md);
@@ -427,6 +420,18 @@ std::vector<std::string> compare_with_reference(const e2e_case &c, uint32_t seed
     } while (pd.next_impl());
     EXPECT_EQ(ran.back(), "ref:any");
     return ran;
+}
+
+// compare_inputs_with_reference on make_inputs' random inputs (`slots`, if given, replacing theirs).
+std::vector<std::string> compare_with_reference(const e2e_case &c, uint32_t seed,
+                                                const std::vector<int64_t> *slots = nullptr) {
+    std::mt19937 rng(seed);
+    inputs in = make_inputs(c, rng);
+    if (slots) {
+        in.slots64 = *slots;
+        in.slots32.assign(slots->begin(), slots->end());
+    }
+    return compare_inputs_with_reference(c, in);
 }
 
 bool runs(cpu_isa isa) {
@@ -555,6 +560,108 @@ TEST(every_implementation_groups, consecutive_slots_fill_packed_groups) {
                     const std::vector<std::string> ran = compare_with_reference(c, 5u, &slots);
                     EXPECT_EQ(contains(ran, "x64:avx2"), runs(cpu_isa::avx2));
                 }
+}
+
+// bf16 rows of 128 values as a [T, 8, 128] input with slots 0 .. T - 1 (T a multiple of 16: every
+// 16-token group of the packed cache whole), the rows filled in order from `words`, the last row's
+// remainder with its first words again.
+inputs whole_group_inputs(const std::vector<uint16_t> &key_words, const std::vector<uint16_t> &value_words,
+                          dim &t) {
+    constexpr dim h = 8, d = 128;
+    const size_t words = std::max(key_words.size(), value_words.size());
+    const dim rows = static_cast<dim>((words + d - 1) / d);
+    t = (rows + h * 16 - 1) / (h * 16) * 16;
+    auto tensor_of = [&](const std::vector<uint16_t> &from) {
+        input_tensor in {
+            data_type::bf16, t, h, d, h * d, d, std::vector<uint8_t>(static_cast<size_t>(t * h * d) * 2)
+        };
+        for (size_t i = 0; i < static_cast<size_t>(t * h * d); ++i) {
+            const uint16_t w = from[i % from.size()];
+            std::memcpy(in.bytes.data() + 2 * i, &w, 2);
+        }
+        return in;
+    };
+    inputs in { tensor_of(key_words), tensor_of(value_words), {}, {} };
+    for (dim i = 0; i <= t; ++i) // (one spare entry, as make_inputs)
+        in.slots64.push_back(i < t ? i : 0);
+    in.slots32.assign(in.slots64.begin(), in.slots64.end());
+    return in;
+}
+
+// The FP8 encoders of whole 16-token groups of bf16 rows, over every value they can meet. With
+// per-token scales every row holds its amax and finite values at most it, in rows of 128: for each
+// of the 128 significands of a bf16 amax, every bf16 value of either sign from the amax's binade
+// down 24 binades (below, every code is a zero), and zeros. The scale amax / max has one of 128
+// significands, so these rows meet every (scale, value) pair of such rows up to powers of two, in
+// every binade of the codes, the subnormal ones included. amax binades: 2^0, and 2^-60 and 2^60,
+// where the encoders' quotients are far from f32's limits. With a per-tensor scale (0.037 for K, 5.3
+// for V): every bf16 word, NaNs and infinities included, saturating codes among them.
+TEST(every_implementation_bf16_groups, every_value_within_its_token_scale_and_every_word) {
+    for (data_type cache_dt : { data_type::f8_e4m3, data_type::f8_e5m2 }) {
+        for (int amax_binade : { 0, -60, 60 }) {
+            std::vector<uint16_t> words;
+            for (uint16_t significand = 0; significand < 128; ++significand) {
+                const auto amax_exponent = static_cast<uint16_t>(127 + amax_binade);
+                const uint16_t amax = static_cast<uint16_t>(amax_exponent << 7 | significand);
+                std::vector<uint16_t> values;
+                for (uint16_t e = static_cast<uint16_t>(amax_exponent - 24); e <= amax_exponent; ++e)
+                    for (uint16_t m = 0; m < 128; ++m) {
+                        const uint16_t w = static_cast<uint16_t>(e << 7 | m);
+                        if (w > amax) break;
+                        values.push_back(w);
+                        values.push_back(static_cast<uint16_t>(w | 0x8000));
+                    }
+                values.push_back(0);
+                values.push_back(0x8000);
+                for (size_t i = 0; i < values.size(); i += 127) { // rows: the amax, then 127 values
+                    words.push_back(i % 254 == 0 ? amax : static_cast<uint16_t>(amax | 0x8000));
+                    for (size_t j = i; j < i + 127; ++j)
+                        words.push_back(values[j < values.size() ? j : j % values.size()]);
+                }
+            }
+            // V: the same rows in the opposite order.
+            std::vector<uint16_t> reversed;
+            for (size_t r = words.size() / 128; r-- > 0;)
+                reversed.insert(reversed.end(), words.begin() + static_cast<std::ptrdiff_t>(r * 128),
+                                words.begin() + static_cast<std::ptrdiff_t>(r * 128 + 128));
+            dim t = 0;
+            const inputs in = whole_group_inputs(words, reversed, t);
+            const e2e_case c { cache_dt,
+                               data_type::bf16,
+                               data_type::bf16,
+                               cache_kind::packed,
+                               scales_per_token,
+                               scales_per_token,
+                               t,
+                               8,
+                               128,
+                               16,
+                               t / 16,
+                               false };
+            SCOPED_TRACE(case_name(c) + " amax 2^" + std::to_string(amax_binade));
+            EXPECT_EQ(contains(compare_inputs_with_reference(c, in), "x64:avx2"), runs(cpu_isa::avx2));
+        }
+        std::vector<uint16_t> every(0x10000);
+        std::iota(every.begin(), every.end(), 0);
+        std::vector<uint16_t> shifted(every.begin() + 77, every.end());
+        shifted.insert(shifted.end(), every.begin(), every.begin() + 77);
+        dim t = 0;
+        const inputs in = whole_group_inputs(every, shifted, t);
+        const e2e_case c { cache_dt,
+                           data_type::bf16,
+                           data_type::bf16,
+                           cache_kind::packed,
+                           scales_per_tensor,
+                           scales_per_tensor,
+                           t,
+                           8,
+                           128,
+                           32,
+                           t / 32,
+                           true };
+        SCOPED_TRACE(case_name(c));
+        EXPECT_EQ(contains(compare_inputs_with_reference(c, in), "x64:avx2"), runs(cpu_isa::avx2));
+    }
 }
 
 } // namespace
