@@ -293,6 +293,7 @@ public:
         if (i < n) // 16 codes
             add(_mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(codes + i))));
     }
+    void add(const fp8_special_check &other) { largest_ = _mm256_max_epu8(largest_, other.largest_); }
     bool found() const { // some largest_ byte >= first_special_
         return _mm256_movemask_epi8(_mm256_cmpeq_epi8(
                        _mm256_max_epu8(largest_, _mm256_set1_epi8(first_special_)), largest_)) != 0;
@@ -894,6 +895,31 @@ template <typename V> bool special_patch_skippable(data_type dt) {
            (dt == data_type::f8_e4m3 || (V::fp8_pairs_by_parity && dt == data_type::f8_e5m2));
 }
 
+// The FP8 codes of a decoded copy into bf16 words by V::fp8_to_bf16_words (x64:avx2): calls
+// run(decode) with decode(codes, n, words, ahead, check) converting n codes (a multiple of 32), the
+// codes checked for specials into `check` unless `patched`, a line prefetched `ahead` per 64 codes.
+// The check runs in a local, kept in a register: through the reference, which the words' stores
+// might alias, each maximum waited on the store of the one before (on Zen 3 the keys' copy took 33
+// TSC ticks per (token, kv head) so, 14 this way; load_pair's path before, 26).
+template <typename V, bool patched, typename Run> void with_fp8_to_bf16(data_type dt, Run run) {
+    auto by_format = [&](auto format) {
+        run([](const char *codes, dim n, uint16_t *words, dim ahead, fp8_special_check &check) {
+            fp8_special_check run_check;
+            for (dim i = 0; i < n; i += 32) {
+                if (i % 64 == 0) prefetch_ahead(codes + i, ahead);
+                const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(codes + i));
+                if constexpr (!patched) run_check.add(x);
+                V::template fp8_to_bf16_words<decltype(format)::value, patched>(x, words + i);
+            }
+            if constexpr (!patched) check.add(run_check);
+        });
+    };
+    if (dt == data_type::f8_e4m3)
+        by_format(std::integral_constant<data_type, data_type::f8_e4m3>());
+    else
+        by_format(std::integral_constant<data_type, data_type::f8_e5m2>());
+}
+
 inline bool e4m3_without_nan(const char *codes, dim n) {
     fp8_special_check check;
     check.add(codes, n);
@@ -1099,6 +1125,15 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         // Returns whether a NaN code went through unpatched (the check only runs without the patch).
         auto decode_keys_once = [&](auto patched) {
             fp8_special_check check(k_type);
+            if constexpr (V::fp8_pairs_by_parity)
+                if (is_fp8(k_type)) { // (straight into bf16 words)
+                    with_fp8_to_bf16<V, decltype(patched)::value>(k_type, [&](auto decode) {
+                        for (dim g = 0; g < chunk.count; ++g)
+                            decode(chunk.k[g], 16 * d, reinterpret_cast<uint16_t *>(k_decoded) + g * 16 * d,
+                                   k_ahead[g], check);
+                    });
+                    return check.found();
+                }
             for (dim g = 0; g < chunk.count; ++g)
                 for (dim i = 0; i < 16 * d; i += V::pair_products ? 4 * width : 2 * width) {
                     const char *source = chunk.k[g] + i * k_size;
@@ -1367,6 +1402,21 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         }
         auto decode_values_once = [&](auto patched) { // as decode_keys_once
             fp8_special_check check(v_type);
+            if constexpr (V::fp8_pairs_by_parity)
+                if (is_fp8(v_type)) { // (a group's token pairs of a dims group, 32 codes each, at once)
+                    with_fp8_to_bf16<V, decltype(patched)::value>(v_type, [&](auto decode) {
+                        for (dim dims_group = 0; dims_group < d / 16; ++dims_group)
+                            for (dim g = first_pair / 8; g * 8 < end_pair; ++g) {
+                                const dim pair = std::max(first_pair, 8 * g),
+                                          end = std::min(end_pair, 8 * g + 8);
+                                decode(chunk.v[g] + dims_group * 16 * bs + (pair % 8) * 32, (end - pair) * 32,
+                                       reinterpret_cast<uint16_t *>(v_decoded) +
+                                               dims_group * 16 * packed_chunk + pair * 32,
+                                       v_ahead[g], check);
+                            }
+                    });
+                    return check.found();
+                }
             for (dim dims_group = 0; dims_group < d / 16; ++dims_group)
                 for (dim pair = first_pair; pair < end_pair; ++pair)
                     for (dim sub = 0; sub < 16; sub += width) {
