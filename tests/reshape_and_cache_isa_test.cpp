@@ -563,11 +563,12 @@ TEST(every_implementation_groups, consecutive_slots_fill_packed_groups) {
 }
 
 // bf16 rows of 128 values as a [T, 8, 128] input with slots 0 .. T - 1 (T a multiple of 16: every
-// 16-token group of the packed cache whole), the rows filled in order from `words`, the last row's
-// remainder with its first words again.
+// 16-token group of the packed cache whole), the rows filled in order from the words (whole rows:
+// a multiple of 128 words), the rows beyond them repeating them from the start.
 inputs whole_group_inputs(const std::vector<uint16_t> &key_words, const std::vector<uint16_t> &value_words,
                           dim &t) {
     constexpr dim h = 8, d = 128;
+    EXPECT_TRUE(key_words.size() % d == 0 && value_words.size() % d == 0);
     const size_t words = std::max(key_words.size(), value_words.size());
     const dim rows = static_cast<dim>((words + d - 1) / d);
     t = (rows + h * 16 - 1) / (h * 16) * 16;
@@ -591,7 +592,8 @@ inputs whole_group_inputs(const std::vector<uint16_t> &key_words, const std::vec
 // The FP8 encoders of whole 16-token groups of bf16 rows, over every value they can meet. With
 // per-token scales every row holds its amax and finite values at most it, in rows of 128: for each
 // of the 128 significands of a bf16 amax, every bf16 value of either sign from the amax's binade
-// down 24 binades (below, every code is a zero), and zeros. The scale amax / max has one of 128
+// down 34 binades (e5m2's subnormal codes lie 30-33 below, e4m3's 15-18; below, every code is a
+// zero), and zeros. The scale amax / max has one of 128
 // significands, so these rows meet every (scale, value) pair of such rows up to powers of two, in
 // every binade of the codes, the subnormal ones included. amax binades: 2^0, and 2^-60 and 2^60,
 // where the encoders' quotients are far from f32's limits. With a per-tensor scale (0.037 for K, 5.3
@@ -604,7 +606,7 @@ TEST(every_implementation_bf16_groups, every_value_within_its_token_scale_and_ev
                 const auto amax_exponent = static_cast<uint16_t>(127 + amax_binade);
                 const uint16_t amax = static_cast<uint16_t>(amax_exponent << 7 | significand);
                 std::vector<uint16_t> values;
-                for (uint16_t e = static_cast<uint16_t>(amax_exponent - 24); e <= amax_exponent; ++e)
+                for (uint16_t e = static_cast<uint16_t>(amax_exponent - 34); e <= amax_exponent; ++e)
                     for (uint16_t m = 0; m < 128; ++m) {
                         const uint16_t w = static_cast<uint16_t>(e << 7 | m);
                         if (w > amax) break;
@@ -657,7 +659,7 @@ TEST(every_implementation_bf16_groups, every_value_within_its_token_scale_and_ev
                            8,
                            128,
                            32,
-                           t / 32,
+                           (t + 31) / 32,
                            true };
         SCOPED_TRACE(case_name(c));
         EXPECT_EQ(contains(compare_inputs_with_reference(c, in), "x64:avx2"), runs(cpu_isa::avx2));
