@@ -66,6 +66,20 @@ enum class words_known { any, bf16, bf16_within_scale };
 // Per-ISA encoders over the f32 vector type; specialised below.
 template <typename V> struct codec;
 
+// The steps of the rounding onto the FP8 grid that fp8_grid_f16 and fp8_code32 share (below):
+// |y| clamped at the largest finite value unless within_range (a NaN passes, the min's second
+// operand), the exponent bits of its grid (its own, floored at 2^-14, f16's smallest normal), and
+// the bits of the addend c = 2^(E + 23 - mantissa_bits) for that exponent E.
+template <typename C, bool is_e4m3, bool within_range> auto fp8_grid_clamped(typename C::reg magnitude) {
+    return within_range ? magnitude : C::min(C::set1(fp8_format<is_e4m3>::max_f16_domain), magnitude);
+}
+template <typename C> auto fp8_grid_exponent(typename C::reg clamped) {
+    return C::max_bits(C::and_bits(C::bits(clamped), C::set1i(0x7F800000)), C::set1i(0x38800000));
+}
+template <typename C, bool is_e4m3, typename Bits> auto fp8_grid_addend(Bits exponent) {
+    return C::add_bits(exponent, C::set1i(fp8_format<is_e4m3>::drop << 23));
+}
+
 // The magnitude of y rounded onto the FP8 grid, as f16 bits, for one codec's vector of values. y is
 // the value in the f16 domain (x / scale times 2^-8 for e4m3, whose codes then are the f16 bits
 // >> 7; x / scale for e5m2, the top byte of f16). The rounding is the FP addition's own (to nearest
@@ -77,12 +91,9 @@ template <typename V> struct codec;
 // NaN code.
 template <typename C, bool is_e4m3, bool is_magnitude = false, bool within_range = false>
 auto fp8_grid_f16(typename C::reg y) {
-    using F = fp8_format<is_e4m3>;
     const auto magnitude = is_magnitude ? y : C::from_bits(C::and_bits(C::bits(y), C::set1i(0x7FFFFFFF)));
-    const auto clamped = within_range ? magnitude : C::min(C::set1(F::max_f16_domain), magnitude);
-    const auto exponent = C::max_bits(C::and_bits(C::bits(clamped), C::set1i(0x7F800000)),
-                                      C::set1i(0x38800000)); // 2^-14, f16's smallest normal
-    const auto c = C::from_bits(C::add_bits(exponent, C::set1i(F::drop << 23)));
+    const auto clamped = fp8_grid_clamped<C, is_e4m3, within_range>(magnitude);
+    const auto c = C::from_bits(fp8_grid_addend<C, is_e4m3>(fp8_grid_exponent<C>(clamped)));
     return C::to_f16(C::sub(C::add(clamped, c), c));
 }
 
@@ -97,11 +108,10 @@ auto fp8_grid_f16(typename C::reg y) {
 // NaN bits give a 32-bit code above every finite one.
 template <typename C, bool is_e4m3, bool within_range = false> auto fp8_code32(typename C::reg y) {
     using F = fp8_format<is_e4m3>;
-    const auto clamped = within_range ? y : C::min(C::set1(F::max_f16_domain), y);
-    auto exponent = C::max_bits(C::and_bits(C::bits(clamped), C::set1i(0x7F800000)),
-                                C::set1i(0x38800000)); // 2^-14, f16's smallest normal
+    const auto clamped = fp8_grid_clamped<C, is_e4m3, within_range>(y);
+    auto exponent = fp8_grid_exponent<C>(clamped);
     if (!within_range) exponent = C::min_bits(exponent, C::set1i(0x47000000));
-    const auto c = C::add_bits(exponent, C::set1i(F::drop << 23));
+    const auto c = fp8_grid_addend<C, is_e4m3>(exponent);
     const auto t = C::bits(C::add(clamped, C::from_bits(c)));
     // (E + 14) << mantissa_bits: E + 127 - 113 in the exponent field, shifted down to the code's
     const auto exponent_field = C::template srli_bits<F::drop>(C::sub_bits(exponent, C::set1i(113 << 23)));

@@ -62,7 +62,7 @@ struct avx512_f32 {
     /// Whether the kernels scan e4m3 chunks for NaN codes, so that load_pair<false> can skip its
     /// NaN patch (3 operations per 16 codes beside the decode's 3.5; the scan costs 2 per 32).
     static constexpr bool e4m3_nan_scan = true;
-    /// Whether fp8_by_parity exists (see avx2_f32's).
+    /// Whether fp8_by_parity and fp8_to_bf16_words exist (see avx2_f32's).
     static constexpr bool fp8_pairs_by_parity = false;
     /// What load_pair's values are in units of: e4m3 gives value x 2^-120, as an f32 subnormal
     /// for a subnormal code (exact while MXCSR's denormals-are-zero is clear: the kernels clear it);
@@ -236,17 +236,22 @@ struct avx2_f32 {
     }
     // `shifted`: a code's sign at bit 31 and its other 7 bits at 26..20 (e4m3) or 27..21 (e5m2),
     // the other bits anything: the f32 form of load_unit, its specials (e4m3 NaN, e5m2 inf and NaN)
-    // patched unless known absent.
-    template <data_type dt, bool may_hold_special> static __m256i fp8_masked_to_f32(__m256i shifted) {
+    // patched unless known absent. lane_bits 16: the same in 16-bit lanes, each the top half of
+    // such an f32 (its bf16 word).
+    template <data_type dt, bool may_hold_special, int lane_bits = 32>
+    static __m256i fp8_masked_to_f32(__m256i shifted) {
         constexpr bool e4m3 = dt == data_type::f8_e4m3;
-        const __m256i t = _mm256_and_si256(
-                shifted, _mm256_set1_epi32(static_cast<int>(e4m3 ? 0x87F00000u : 0x8FE00000u)));
+        auto set1 = [](uint32_t f32_bits) {
+            return lane_bits == 32 ? _mm256_set1_epi32(static_cast<int>(f32_bits))
+                                   : _mm256_set1_epi16(static_cast<short>(f32_bits >> 16));
+        };
+        const __m256i t = _mm256_and_si256(shifted, set1(e4m3 ? 0x87F00000u : 0x8FE00000u));
         if constexpr (!may_hold_special) return t;
-        const int special = e4m3 ? 0x07F00000 : 0x0F800000; // E.M all ones (e4m3), E all ones (e5m2)
-        const __m256i is_special = _mm256_cmpeq_epi32(_mm256_and_si256(t, _mm256_set1_epi32(special)),
-                                                      _mm256_set1_epi32(special));
-        return _mm256_or_si256(
-                t, _mm256_and_si256(is_special, _mm256_set1_epi32(e4m3 ? 0x78000000 : 0x70000000)));
+        const __m256i special = set1(e4m3 ? 0x07F00000u : 0x0F800000u); // E.M (e4m3), E (e5m2) all ones
+        const __m256i masked = _mm256_and_si256(t, special);
+        const __m256i is_special =
+                lane_bits == 32 ? _mm256_cmpeq_epi32(masked, special) : _mm256_cmpeq_epi16(masked, special);
+        return _mm256_or_si256(t, _mm256_and_si256(is_special, set1(e4m3 ? 0x78000000u : 0x70000000u)));
     }
     /// 32 FP8 codes loaded as one vector (16 pairs, as load_pair's 2 x 16; the kernels check the
     /// loaded codes for specials as they go) by the parity of the pair: pairs 0, 2, ..,
@@ -271,21 +276,13 @@ struct avx2_f32 {
     }
     /// 32 FP8 codes as the bf16 words of load_pair's values (times load_unit: exact), in the codes'
     /// order, for the kernels' decoded copies: each code unpacked into a word's high byte, shifted
-    /// and masked in 16-bit lanes as fp8_masked_to_f32 does in 32-bit ones (the f32 bits' top
-    /// half), the 128-bit halves put back in order: 5 operations per 16 codes, the store included,
-    /// where load_pair and store_pair_bf16 took 10.
+    /// and masked in 16-bit lanes by fp8_masked_to_f32 (the f32 bits' top half), the 128-bit
+    /// halves put back in order: 5 operations per 16 codes, the store included, where load_pair
+    /// and store_pair_bf16 took 10.
     template <data_type dt, bool may_hold_special>
     __attribute__((always_inline)) static void fp8_to_bf16_words(__m256i x, uint16_t *out) {
-        constexpr bool e4m3 = dt == data_type::f8_e4m3;
         auto decode = [](__m256i high_bytes) {
-            const __m256i t = _mm256_and_si256(_mm256_srai_epi16(high_bytes, fp8_shift<dt>),
-                                               _mm256_set1_epi16(static_cast<short>(e4m3 ? 0x87F0 : 0x8FE0)));
-            if constexpr (!may_hold_special) return t;
-            const short special = e4m3 ? 0x07F0 : 0x0F80;
-            const __m256i is_special = _mm256_cmpeq_epi16(_mm256_and_si256(t, _mm256_set1_epi16(special)),
-                                                          _mm256_set1_epi16(special));
-            return _mm256_or_si256(t, _mm256_and_si256(is_special, _mm256_set1_epi16(static_cast<short>(
-                                                                           e4m3 ? 0x7800 : 0x7000))));
+            return fp8_masked_to_f32<dt, may_hold_special, 16>(_mm256_srai_epi16(high_bytes, fp8_shift<dt>));
         };
         // codes 0-7 and 16-23, then 8-15 and 24-31
         const __m256i low = decode(_mm256_unpacklo_epi8(_mm256_setzero_si256(), x)),
