@@ -62,5 +62,15 @@ extern const paged_attention_implementation paged_attention_avx512;
 extern const paged_attention_implementation paged_attention_avx2;
 extern const paged_attention_implementation paged_attention_ref;
 
+/// The softmax's exponential of an x64 implementation (exp_negative of src/x64/f32_vectors.hpp) over
+/// n values, n a multiple of 16: out[i] = exp(x[i]) for x[i] <= 0. Defined in avx512.cpp / avx2.cpp
+/// (x64:avx512_bf16 and x64:amx share x64:avx512's), for the test of its accuracy.
+void softmax_exp_avx512(const float *x, int64_t n, float *out);
+void softmax_exp_avx2(const float *x, int64_t n, float *out);
+using softmax_exp = void (*)(const float *x, int64_t n, float *out);
+/// softmax_exp_avx512 for cpu_isa::avx512, softmax_exp_avx2 for cpu_isa::avx2, when the library was
+/// built with them (PAGEDATTN_ENABLE_X64); else null. The caller checks that the host runs them.
+softmax_exp paged_attention_softmax_exp(cpu_isa isa);
+
 } // namespace detail
 } // namespace pagedattn
