@@ -12,9 +12,9 @@
 //   plain:  each K row is dequantized once into L1 and dotted with every row; each V row likewise.
 //   packed: tokens sit in vector lanes (K rows of 16 tokens x a dim pair, V rows of 16 dims x a
 //           token pair), so FP8/bf16 are dequantized in registers right before the FMAs and scores
-//           need no horizontal sums (e4m3, and e5m2 on x64:avx2, by integer shifts into f32 bits,
-//           value x 2^-120 or 2^-112, without the patch for NaN and inf where the codes hold none:
-//           x64:avx512 scans a chunk before its passes, x64:avx2 checks the codes as it reads them).
+//           need no horizontal sums (FP8 by integer shifts into f32 bits, value x 2^-120 for
+//           e4m3 or 2^-112 for e5m2, split by parity, without the patch for NaN and inf: the codes
+//           are checked as read, and the work redone with the patch where they held one).
 //           The instantiation of avx512_bf16.cpp computes the scores by bf16 pair products instead
 //           (vdpbf16ps), and with a bf16 dst the values' products too (the probabilities rounded to
 //           bf16, as dst will be; f32 and f16 dst keep them in f32).
@@ -300,6 +300,27 @@ public:
     }
 };
 
+// The FP8 codes one V::fp8_by_parity call splits: with 8-lane vectors the 32 at `row` (a K row of
+// 16 tokens, or a V row's two 8-dim vectors: `other` is row + 16 then), with 16 lanes those and the
+// 32 at `other` (the next group's K row, or the next 16 dims' V row) in the high half. Checked for
+// specials into `check` where asked.
+template <typename V, bool check_codes>
+__attribute__((always_inline)) inline auto load_parity_codes(const char *row, const char *other,
+                                                             fp8_special_check &check) {
+    const __m256i low = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(row));
+    if constexpr (check_codes) check.add(low);
+    if constexpr (V::width == 8) {
+        (void)other;
+        return low;
+    } else {
+#ifdef __AVX512F__
+        const __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(other));
+        if constexpr (check_codes) check.add(high);
+        return _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
+#endif
+    }
+}
+
 // The next chunk is fetched while this one computes, a cache line at a time inside the inner loops:
 // each load of the current chunk is paired with a prefetch of the element at the same position in
 // the next chunk, `ahead` bytes further on (0 when there is no next chunk: the lines prefetched are
@@ -345,27 +366,32 @@ bool packed_scores(const char *const *k_groups, dim k_size, const float *q, dim 
                 for (int c = 0; c < chains; ++c)
                     s[r][g][v][c] = V::zero();
     constexpr int pairs_per_step = chains == 4 ? 2 : 1; // d / 2 is a multiple of 4 (d % 8 == 0)
-    // FP8 keys with 8-lane vectors by the tokens' parity (V::fp8_by_parity): lane vector 0
-    // holds the even tokens, 1 the odd ones, interleaved back when the scores are stored.
-    constexpr bool by_parity = V::fp8_pairs_by_parity && is_fp8(k_type) && lanes == 2;
+    // FP8 keys by the tokens' parity (V::fp8_by_parity), in units of two vectors: with 8 lanes a
+    // group's lane vector 0 holds its even tokens, 1 its odd ones; with 16 lanes, groups 2u and
+    // 2u + 1 (G even) hold the even and the odd tokens of both, group 2u's in lanes 0..7. The
+    // scores are interleaved back when stored, a unit's 2 x width at once.
+    constexpr bool by_parity = V::fp8_pairs_by_parity && is_fp8(k_type) && (lanes == 2 || G % 2 == 0);
     static_assert(by_parity || !check_nan, "checked as read: FP8 by parity only");
     fp8_special_check nan_check(k_type);
     for (dim pair0 = 0; pair0 < d / 2; pair0 += pairs_per_step)
         for (int h = 0; h < pairs_per_step; ++h) {
             const dim pair = pair0 + h;
             R first[G][lanes], second[G][lanes];
-            for (int g = 0; g < G; ++g) {
-                if constexpr (by_parity) {
-                    const __m256i codes =
-                            _mm256_loadu_si256(reinterpret_cast<const __m256i *>(k_groups[g] + pair * 32));
-                    if constexpr (check_nan) nan_check.add(codes);
-                    V::template fp8_by_parity<k_type, may_hold_nan>(codes, first[g][0], second[g][0],
-                                                                    first[g][1], second[g][1]);
-                    continue;
+            if constexpr (by_parity) {
+                R *firsts = &first[0][0], *seconds = &second[0][0]; // unit u: vectors 2u and 2u + 1
+                for (int u = 0; u < G * lanes / 2; ++u) {
+                    const char *row = k_groups[lanes == 2 ? u : 2 * u] + pair * 32;
+                    const auto codes = load_parity_codes<V, check_nan>(
+                            row, lanes == 2 ? row + 16 : k_groups[2 * u + 1] + pair * 32, nan_check);
+                    V::template fp8_by_parity<k_type, may_hold_nan>(codes, firsts[2 * u], seconds[2 * u],
+                                                                    firsts[2 * u + 1], seconds[2 * u + 1]);
                 }
-                for (int v = 0; v < lanes; ++v)
-                    V::template load_pair<may_hold_nan>(k_groups[g] + (pair * 32 + v * 2 * width) * k_size,
-                                                        k_type, first[g][v], second[g][v]);
+            } else {
+                for (int g = 0; g < G; ++g)
+                    for (int v = 0; v < lanes; ++v)
+                        V::template load_pair<may_hold_nan>(k_groups[g] +
+                                                                    (pair * 32 + v * 2 * width) * k_size,
+                                                            k_type, first[g][v], second[g][v]);
             }
             for (int g = 0; g < G; ++g)
                 for (dim line = 0; line < pair_bytes; line += 64)
@@ -385,20 +411,20 @@ bool packed_scores(const char *const *k_groups, dim k_size, const float *q, dim 
                                 V::fma(q1, second[g][v], s[r][g][v][c + second_offset]);
             }
         }
-    for (int r = 0; r < N; ++r)
-        for (int g = 0; g < G; ++g) {
-            R sums[lanes];
+    for (int r = 0; r < N; ++r) {
+        R sums[G * lanes]; // vector v of group g at g * lanes + v: its tokens from g * 16 + v * width
+        for (int g = 0; g < G; ++g)
             for (int v = 0; v < lanes; ++v) {
-                sums[v] = s[r][g][v][0];
+                R &sum = sums[g * lanes + v] = s[r][g][v][0];
                 for (int c = 1; c < chains; ++c)
-                    sums[v] = V::add(sums[v], s[r][g][v][c]);
+                    sum = V::add(sum, s[r][g][v][c]);
             }
+        for (int i = 0; i < G * lanes; i += by_parity ? 2 : 1)
             if constexpr (by_parity)
-                V::store_pair(out + r * out_stride + g * 16, sums[0], sums[1]);
+                V::store_pair(out + r * out_stride + i * width, sums[i], sums[i + 1]);
             else
-                for (int v = 0; v < lanes; ++v)
-                    V::store(out + r * out_stride + g * 16 + v * width, sums[v]);
-        }
+                V::store(out + r * out_stride + i * width, sums[i]);
+    }
     return check_nan && nan_check.found();
 }
 
@@ -513,18 +539,19 @@ __attribute__((always_inline)) inline bool packed_values_slice(const packed_valu
     };
     // odd: the odd token pairs' sums with pair products, where N x S sums alone are too few (below)
     constexpr bool odd_sums = pair_probabilities && N * S <= 8;
-    // FP8 values with 8-lane vectors by the dims' parity (V::fp8_by_parity): vectors i and
-    // i + 1 (i even, as v0 is for S >= 2) of a 16-dim row hold its even and its odd dims, split
-    // from the accumulators when loaded and interleaved back when stored.
-    constexpr bool by_parity = V::fp8_pairs_by_parity && is_fp8(v_type) && width == 8 && S % 2 == 0;
+    // FP8 values by the dims' parity (V::fp8_by_parity): vectors i and i + 1 (i even, as v0 is for
+    // S >= 2) hold the even and the odd dims of their 2 x width dims (8 lanes: a 16-dim row; 16
+    // lanes: two rows, the first's in lanes 0..7), split from the accumulators when loaded and
+    // interleaved back when stored.
+    constexpr bool by_parity = V::fp8_pairs_by_parity && is_fp8(v_type) && S % 2 == 0;
     constexpr int row_step = by_parity ? 2 : 1; // vectors decoded together
     static_assert(by_parity || !check_nan, "checked as read: FP8 by parity only");
     fp8_special_check nan_check(v_type);
-    auto decode_by_parity = [&](const char *p, auto &even_first, auto &even_second, auto &odd_first,
-                                auto &odd_second) __attribute__((always_inline)) {
+    // p: vector i's V row for a token pair; other: vector i + 1's.
+    auto decode_by_parity = [&](const char *p, const char *other, auto &even_first, auto &even_second,
+                                auto &odd_first, auto &odd_second) __attribute__((always_inline)) {
         if constexpr (by_parity) {
-            const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p));
-            if constexpr (check_nan) nan_check.add(codes);
+            const auto codes = load_parity_codes<V, check_nan>(p, other, nan_check);
             V::template fp8_by_parity<v_type, may_hold_nan>(codes, even_first, even_second, odd_first,
                                                             odd_second);
         }
@@ -656,8 +683,9 @@ __attribute__((always_inline)) inline bool packed_values_slice(const packed_valu
             }
             for (int i = 0; i < S; i += row_step)
                 if constexpr (by_parity)
-                    decode_by_parity(rows[i] + (pair - group_begin) * step, first[i], second[i], first[i + 1],
-                                     second[i + 1]);
+                    decode_by_parity(rows[i] + (pair - group_begin) * step,
+                                     rows[i + 1] + (pair - group_begin) * step, first[i], second[i],
+                                     first[i + 1], second[i + 1]);
                 else
                     V::template load_pair<may_hold_nan>(rows[i] + (pair - group_begin) * step, v_type,
                                                         first[i], second[i]);
@@ -672,7 +700,8 @@ __attribute__((always_inline)) inline bool packed_values_slice(const packed_valu
         for (int i = 0; i < S; i += row_step) {
             R first[row_step], second[row_step];
             if constexpr (by_parity)
-                decode_by_parity(row_of(i, pair), first[0], second[0], first[1], second[1]);
+                decode_by_parity(row_of(i, pair), row_of(i + 1, pair), first[0], second[0], first[1],
+                                 second[1]);
             else
                 V::template load_pair<may_hold_nan>(row_of(i, pair), v_type, first[0], second[0]);
             for (int h = 0; h < row_step; ++h)
@@ -751,7 +780,8 @@ void packed_scores_checked(const char *const *k_groups, dim k_size, const float 
 template <typename V, int N, int G>
 void packed_scores_of(data_type k_type, bool nan_free, const char *const *k_groups, dim k_size,
                       const float *q, dim d, float *out, dim out_stride, const dim *ahead) {
-    if constexpr (V::fp8_pairs_by_parity)
+    // (16 lanes: by parity in pairs of groups; a lone group's FP8 takes load_pair with the patch)
+    if constexpr (V::fp8_pairs_by_parity && (V::width == 8 || G % 2 == 0))
         if (is_fp8(k_type)) {
             if (k_type == data_type::f8_e4m3)
                 packed_scores_checked<V, N, G, data_type::f8_e4m3>(k_groups, k_size, q, d, out, out_stride,
@@ -1008,7 +1038,7 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                     q_pairs[r0 * (d / 2) + pair * n + r] = row_major[(r0 + r) * (d / 2) + pair];
         }
     }
-    // load_pair's units (e4m3: 2^-120; e5m2 on x64:avx2: 2^-112) folded back by powers of two
+    // load_pair's units (e4m3: 2^-120; e5m2: 2^-112) folded back by powers of two
     // (exact): into q and into the probabilities (times any per-token V scales) as far as their
     // largest magnitude stays below 2^125, the rest into the scores (score_factor) and the output.
     // Normally all of it goes into q and the probabilities, so that every product is the true one

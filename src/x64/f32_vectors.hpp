@@ -68,30 +68,58 @@ struct avx512_f32 {
     }
     static float reduce_add(reg v) { return _mm512_reduce_add_ps(v); }
     static constexpr bool fp8_by_table = false;
-    /// Whether the kernels scan e4m3 chunks for NaN codes, so that load_pair<false> can skip its
-    /// NaN patch (3 operations per 16 codes beside the decode's 3.5; the scan costs 2 per 32).
+    /// Whether the kernels skip the FP8 special patch (e4m3 NaN; e5m2 inf and NaN, decoded by
+    /// shifts too) for codes known to hold none: 3 operations per 16 codes beside the decode's.
     static constexpr bool e4m3_nan_scan = true;
-    /// Whether fp8_by_parity and fp8_to_bf16_words exist (see avx2_f32's).
-    static constexpr bool fp8_pairs_by_parity = false;
-    /// What load_pair's values are in units of: e4m3 gives value x 2^-120, as an f32 subnormal
-    /// for a subnormal code (exact while MXCSR's denormals-are-zero is clear: the kernels clear it);
-    /// the other types the value.
-    static float load_unit(data_type dt) { return dt == data_type::f8_e4m3 ? 0x1p-120f : 1.f; }
-    /// e4m3 in 32-bit lanes, one code in the top byte: shifted right by 4 with the sign copied, the
-    /// copies cleared, that is sign, E in the f32 exponent's low 4 bits and M at the mantissa's top:
-    /// the value x 2^-120. Integer operations only: converting f16 bits (vcvtph2ps) had made
+    /// What load_pair's values are in units of: e4m3 gives value x 2^-120 and e5m2 value x 2^-112,
+    /// as f32 subnormals for subnormal codes (exact while MXCSR's denormals-are-zero is clear: the
+    /// kernels clear it); the other types the value.
+    static float load_unit(data_type dt) {
+        return dt == data_type::f8_e4m3 ? 0x1p-120f : dt == data_type::f8_e5m2 ? 0x1p-112f : 1.f;
+    }
+    template <data_type dt> static constexpr int fp8_shift = dt == data_type::f8_e4m3 ? 4 : 3;
+    /// As avx2_f32::fp8_masked_to_f32 (32-bit lanes): `shifted` holds a code's sign at bit 31 and
+    /// its other 7 bits at 26..20 (e4m3) or 27..21 (e5m2).
+    template <data_type dt, bool may_hold_special> static __m512i fp8_masked_to_f32(__m512i shifted) {
+        constexpr bool e4m3 = dt == data_type::f8_e4m3;
+        const __m512i t = _mm512_and_si512(
+                shifted, _mm512_set1_epi32(static_cast<int>(e4m3 ? 0x87F00000u : 0x8FE00000u)));
+        if constexpr (!may_hold_special) return t;
+        const __m512i special = _mm512_set1_epi32(e4m3 ? 0x07F00000 : 0x0F800000);
+        const __mmask16 is_special = _mm512_cmpeq_epi32_mask(_mm512_and_si512(t, special), special);
+        return _mm512_mask_or_epi32(t, is_special, t, _mm512_set1_epi32(e4m3 ? 0x78000000 : 0x70000000));
+    }
+    /// A code in a lane's top byte, shifted right with the sign copied and masked: the f32 bits of
+    /// load_unit's value. Integer operations only: converting f16 bits (vcvtph2ps) had made
     /// x64:avx512's e4m3 scores ~60% dearer than bf16's on Zen 5, this ~7% (a bare loop of the
     /// scores' 8 FMAs per 32 codes, in L1).
-    template <bool may_hold_nan> static __m512i e4m3_top_byte_to_f32(__m512i top) {
-        const __m512i t =
-                _mm512_and_si512(_mm512_srai_epi32(top, 4), _mm512_set1_epi32(static_cast<int>(0x87F00000u)));
-        if constexpr (!may_hold_nan) return t;
-        // NaN (E.M all ones, t's bits 26..20) gets the exponent's other bits too.
-        const __mmask16 nan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(t, _mm512_set1_epi32(0x07F00000)),
-                                                      _mm512_set1_epi32(0x07F00000));
-        return _mm512_mask_or_epi32(t, nan, t, _mm512_set1_epi32(0x78000000));
+    template <data_type dt, bool may_hold_special> static __m512i fp8_top_byte_to_f32(__m512i top) {
+        return fp8_masked_to_f32<dt, may_hold_special>(_mm512_srai_epi32(top, fp8_shift<dt>));
     }
-
+    /// Whether fp8_by_parity and fp8_to_bf16_words exist (see avx2_f32's).
+    static constexpr bool fp8_pairs_by_parity = true;
+    /// 64 FP8 codes, two rows of 32 (each 16 pairs, as load_pair's), in the 256-bit halves, split
+    /// as avx2_f32::fp8_by_parity splits one row: the first row's even pairs in lanes 0..7 of
+    /// even_first / even_second and its odd pairs in those of odd_first / odd_second, the second
+    /// row's in lanes 8..15. 5 shifts and 4 masks per 64 codes, where load_pair takes 10 shifts or
+    /// shuffles and 4 masks: on Zen 4 the shifts and shuffles share a pipe with the FMAs.
+    template <data_type dt, bool may_hold_special = true>
+    __attribute__((always_inline)) static void fp8_by_parity(__m512i x, reg &even_first, reg &even_second,
+                                                             reg &odd_first, reg &odd_second) {
+        constexpr int shift = fp8_shift<dt>;
+        const __m512i seconds = _mm512_srai_epi16(x, shift);
+        const __m512i firsts = _mm512_srai_epi16(_mm512_slli_epi16(x, 8), shift);
+        even_first =
+                _mm512_castsi512_ps(fp8_masked_to_f32<dt, may_hold_special>(_mm512_slli_epi32(firsts, 16)));
+        even_second =
+                _mm512_castsi512_ps(fp8_masked_to_f32<dt, may_hold_special>(_mm512_slli_epi32(seconds, 16)));
+        odd_first = _mm512_castsi512_ps(fp8_masked_to_f32<dt, may_hold_special>(firsts));
+        odd_second = _mm512_castsi512_ps(fp8_masked_to_f32<dt, may_hold_special>(seconds));
+    }
+    /// 32 FP8 codes as the bf16 words of load_pair's values (avx2_f32's, in 256-bit registers:
+    /// the decoded copies are written 32 words at a time either way).
+    template <data_type dt, bool may_hold_special>
+    __attribute__((always_inline)) static void fp8_to_bf16_words(__m256i x, uint16_t *out);
     // e4m3 S.EEEE.MMM, one code per 32-bit lane: the magnitude bits shifted to f32's exponent and
     // mantissa position give the value times 2^-120 (subnormals too); NaN codes (magnitude 0x7F)
     // are patched after.
@@ -122,9 +150,9 @@ struct avx512_f32 {
         return _mm512_cvtph_ps(_mm256_loadu_si256(static_cast<const __m256i *>(p)));
     }
     // Packed-layout loads: 2 * width elements holding width pairs (element 2i + k is item i's k-th
-    // of the pair), split into the first and the second of each pair. e4m3 comes out times 2^-120
-    // (load_unit): the kernel folds 2^120 into q, the probabilities and the output, exactly. `may_hold_nan`
-    // false: e4m3 codes known to hold no NaN skip its patch.
+    // of the pair), split into the first and the second of each pair. FP8 comes out in load_unit's
+    // units: the kernel folds 2^120 or 2^112 into q, the probabilities and the output, exactly.
+    // `may_hold_nan` false: FP8 codes known to hold no special skip its patch.
     template <bool may_hold_nan = true>
     __attribute__((always_inline)) static void load_pair(const void *p, data_type dt, reg &first,
                                                          reg &second) {
@@ -151,30 +179,16 @@ struct avx512_f32 {
                 second = _mm512_permutex2var_ps(a, _mm512_add_epi32(even, _mm512_set1_epi32(1)), b);
                 break;
             }
-            case data_type::f8_e4m3: { // 32 codes: each pair's in the low half of a 32-bit lane
-                const __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(static_cast<const __m256i *>(p)));
-                first = _mm512_castsi512_ps(e4m3_top_byte_to_f32<may_hold_nan>(_mm512_slli_epi32(x, 24)));
-                second = _mm512_castsi512_ps(e4m3_top_byte_to_f32<may_hold_nan>(_mm512_slli_epi32(x, 16)));
-                break;
-            }
-            default: { // e5m2, 32 codes: each the high byte of an f16
-                // The 32 codes in both 256-bit halves; one byte shuffle puts the even codes in the
-                // high bytes of the low half's words and the odd codes in the high half's (as
-                // avx2_f32 does with 16).
-                alignas(64) static constexpr int8_t split_bytes[64] = {
-                    -128, 0, -128, 2, -128, 4, -128, 6, -128, 8, -128, 10, -128, 12, -128, 14, // even
-                    -128, 0, -128, 2, -128, 4, -128, 6, -128, 8, -128, 10, -128, 12, -128, 14, //
-                    -128, 1, -128, 3, -128, 5, -128, 7, -128, 9, -128, 11, -128, 13, -128, 15, // odd
-                    -128, 1, -128, 3, -128, 5, -128, 7, -128, 9, -128, 11, -128, 13, -128, 15,
-                };
-                const __m512i split = _mm512_load_si512(split_bytes);
-                const __m512i h = _mm512_shuffle_epi8(
-                        _mm512_broadcast_i64x4(_mm256_loadu_si256(static_cast<const __m256i *>(p))), split);
-                first = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
-                second = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
-                break;
-            }
+            case data_type::f8_e4m3: load_fp8_pair<data_type::f8_e4m3, may_hold_nan>(p, first, second); break;
+            default: load_fp8_pair<data_type::f8_e5m2, may_hold_nan>(p, first, second); break;
         }
+    }
+    // 32 FP8 codes: each pair's in the low half of a 32-bit lane, shifted to the top byte.
+    template <data_type dt, bool may_hold_special>
+    __attribute__((always_inline)) static void load_fp8_pair(const void *p, reg &first, reg &second) {
+        const __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(static_cast<const __m256i *>(p)));
+        first = _mm512_castsi512_ps(fp8_top_byte_to_f32<dt, may_hold_special>(_mm512_slli_epi32(x, 24)));
+        second = _mm512_castsi512_ps(fp8_top_byte_to_f32<dt, may_hold_special>(_mm512_slli_epi32(x, 16)));
     }
     /// The inverse of load_pair for f32: interleaves first and second into 2 * width floats.
     static void store_pair(float *p, reg first, reg second) {
@@ -411,6 +425,13 @@ struct avx2_f32 {
 };
 #endif
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+template <data_type dt, bool may_hold_special>
+inline void avx512_f32::fp8_to_bf16_words(__m256i x, uint16_t *out) {
+    avx2_f32::fp8_to_bf16_words<dt, may_hold_special>(x, out);
+}
+#endif
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__) && defined(__AVX512VBMI__)
 /// The bf16 bits of each FP8 magnitude (code & 0x7F), for decoding by table: exact, FP8 subnormals
 /// as normal bf16 numbers (vdpbf16ps reads bf16 denormals as zero), inf and NaN as bf16's. Kept as
@@ -451,6 +472,7 @@ struct avx512_bf16_f32 : avx512_f32 {
 
     static constexpr bool fp8_by_table = true; // FP8 decoding has no NaN patch to skip
     static constexpr bool e4m3_nan_scan = false;
+    static constexpr bool fp8_pairs_by_parity = false; // (FP8 by the tables)
 
     // 64 FP8 codes to bf16 bits, codes 0..31 into `first` and 32..63 into `second`: three
     // operations per 32 codes. Two byte permutes (which read an index's low 7 bits) look up the low
