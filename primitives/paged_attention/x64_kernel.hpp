@@ -268,14 +268,12 @@ void run_item_plain(const paged_attention_problem &p, const paged_attention_argu
 }
 
 // Whether FP8 codes hold a special code, asked of the codes as a loop decodes them (n a multiple of
-// 16 per call) or of a whole chunk at once (e4m3_without_nan): e4m3's NaN (S.1111.111, magnitude
-// 0x7F), e5m2's inf and NaN (S.11111.MM, magnitude 0x7C and up). With V::e4m3_nan_scan, decoding
-// e4m3 codes known to hold none skips the NaN patch (3 or 4 vector operations per 8 or 16 codes
-// beside decoding's 3.5); the check costs 2 per 32 codes. Loops that can redo their work with the
-// patch check as they go: a chunk's scan before decoding it once for verify's 16 rows, a second
-// pass over the codes, had cost x64:avx512 ~10% in cache; so do x64:avx2's decode passes
-// (V::fp8_pairs_by_parity), whose scans cost ~10% in cache on Zen 3, mostly for bringing the chunk
-// into L1 apart from the FMAs.
+// 16 per call): e4m3's NaN (S.1111.111, magnitude 0x7F), e5m2's inf and NaN (S.11111.MM, magnitude
+// 0x7C and up). Where V::fp8_patch_skippable, the loops decode without the patch for them (3 or 4
+// vector operations per 8 or 16 codes beside the decoding's) and check the codes as they go (2
+// per 32 codes), redoing their work with the patch if one turns up. A scan of each chunk before
+// its passes, a second pass over the codes, had cost ~10% in cache (x64:avx512 on Zen 5, x64:avx2
+// on Zen 3), mostly for bringing the chunk into L1 apart from the FMAs.
 class fp8_special_check {
     __m256i largest_ = _mm256_setzero_si256();
     char first_special_;
@@ -498,7 +496,6 @@ struct packed_values_rows {
     dim ahead[max_chunk_groups]; // bytes from group g's values to the next chunk's group g
     dim dims_group_stride;
     data_type v_type;
-    bool nan_free; // e4m3 values known to hold no NaN code (load_pair skips its patch)
     dim v_size, g0, first_pair, end_pair;
     dim common_begin, common_end; // tokens every row of the block sees
     const float *probability;     // rows x packed_chunk
@@ -778,8 +775,8 @@ void packed_scores_checked(const char *const *k_groups, dim k_size, const float 
 // The cache type as a template argument, so that the decoding in the inner loops is fixed at
 // compile time; N rows against G groups.
 template <typename V, int N, int G>
-void packed_scores_of(data_type k_type, bool nan_free, const char *const *k_groups, dim k_size,
-                      const float *q, dim d, float *out, dim out_stride, const dim *ahead) {
+void packed_scores_of(data_type k_type, const char *const *k_groups, dim k_size, const float *q, dim d,
+                      float *out, dim out_stride, const dim *ahead) {
     // (16 lanes: by parity in pairs of groups; a lone group's FP8 takes load_pair with the patch)
     if constexpr (V::fp8_pairs_by_parity && (V::width == 8 || G % 2 == 0))
         if (is_fp8(k_type)) {
@@ -802,12 +799,6 @@ void packed_scores_of(data_type k_type, bool nan_free, const char *const *k_grou
             packed_scores<V, N, G, data_type::f16>(k_groups, k_size, q, d, out, out_stride, ahead);
             break;
         case data_type::f8_e4m3:
-            if constexpr (V::e4m3_nan_scan)
-                if (nan_free) {
-                    packed_scores<V, N, G, data_type::f8_e4m3, false>(k_groups, k_size, q, d, out, out_stride,
-                                                                      ahead);
-                    break;
-                }
             packed_scores<V, N, G, data_type::f8_e4m3>(k_groups, k_size, q, d, out, out_stride, ahead);
             break;
         default:
@@ -818,16 +809,15 @@ void packed_scores_of(data_type k_type, bool nan_free, const char *const *k_grou
 
 // N rows against the chunk's groups: 2 at a time with 16-lane vectors (packed_scores), else 1.
 template <typename V, int N>
-void packed_scores_groups(data_type k_type, bool nan_free, const char *const *k_groups, dim groups,
-                          dim k_size, const float *q, dim d, float *out, dim out_stride, const dim *ahead) {
+void packed_scores_groups(data_type k_type, const char *const *k_groups, dim groups, dim k_size,
+                          const float *q, dim d, float *out, dim out_stride, const dim *ahead) {
     dim g = 0;
     if constexpr (V::width == 16)
         for (; g + 2 <= groups; g += 2)
-            packed_scores_of<V, N, 2>(k_type, nan_free, k_groups + g, k_size, q, d, out + g * 16, out_stride,
+            packed_scores_of<V, N, 2>(k_type, k_groups + g, k_size, q, d, out + g * 16, out_stride,
                                       ahead + g);
     for (; g < groups; ++g)
-        packed_scores_of<V, N, 1>(k_type, nan_free, k_groups + g, k_size, q, d, out + g * 16, out_stride,
-                                  ahead + g);
+        packed_scores_of<V, N, 1>(k_type, k_groups + g, k_size, q, d, out + g * 16, out_stride, ahead + g);
 }
 
 // N rows against G groups, the key type as a template argument.
@@ -893,11 +883,7 @@ template <typename V, int N> void packed_values_of(const packed_values_rows &job
         case data_type::f32: packed_values<V, N, data_type::f32>(job); break;
         case data_type::bf16: packed_values<V, N, data_type::bf16>(job); break;
         case data_type::f16: packed_values<V, N, data_type::f16>(job); break;
-        case data_type::f8_e4m3:
-            if constexpr (V::e4m3_nan_scan)
-                if (job.nan_free) return packed_values<V, N, data_type::f8_e4m3, false>(job);
-            packed_values<V, N, data_type::f8_e4m3>(job);
-            break;
+        case data_type::f8_e4m3: packed_values<V, N, data_type::f8_e4m3>(job); break;
         default: packed_values<V, N, data_type::f8_e5m2>(job); break;
     }
 }
@@ -918,11 +904,9 @@ void store_decoded(float *copy, data_type dt, dim index, typename V::reg first, 
         V::store_pair(copy + index, first, second);
 }
 
-// Whether V decodes dt with a patch for special codes that a scan or a check can let it skip: e4m3
-// where V::e4m3_nan_scan, e5m2 too where it is decoded by shifts (V::fp8_pairs_by_parity).
+// Whether V decodes dt with a patch for special codes that a check can let it skip.
 template <typename V> bool special_patch_skippable(data_type dt) {
-    return V::e4m3_nan_scan &&
-           (dt == data_type::f8_e4m3 || (V::fp8_pairs_by_parity && dt == data_type::f8_e5m2));
+    return V::fp8_patch_skippable && is_fp8(dt);
 }
 
 // The FP8 codes of a decoded copy into bf16 words by V::fp8_to_bf16_words (x64:avx2): calls
@@ -948,12 +932,6 @@ template <typename V, bool patched, typename Run> void with_fp8_to_bf16(data_typ
         by_format(std::integral_constant<data_type, data_type::f8_e4m3>());
     else
         by_format(std::integral_constant<data_type, data_type::f8_e5m2>());
-}
-
-inline bool e4m3_without_nan(const char *codes, dim n) {
-    fp8_special_check check;
-    check.add(codes, n);
-    return !check.found();
 }
 
 // The packed layout (block_size % 16 == 0): chunks of up to eight 16-token groups, each found through
@@ -1143,15 +1121,10 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                              k_type != data_type::bf16);
         const data_type k_source_type = !k_once ? k_type : decoded_type(k_type);
         // Keys too: a NaN code must decode to NaN here as everywhere (rows that see one have no
-        // defined output, but the reference's are NaN-valued). e4m3 chunks that hold none skip the
-        // patch: found by a scan before passes that read the cache, by a check as it goes when the
-        // keys are decoded once or by parity (redone with the patch if it finds one); e5m2's inf
-        // and NaN likewise where it is decoded by shifts too (V::fp8_pairs_by_parity).
+        // defined output, but the reference's are NaN-valued). FP8 chunks that hold no special
+        // code skip the patch: checked as the keys are decoded once or by parity, and redone with
+        // the patch if one turns up (fp8_special_check).
         const bool k_nan_possible = !V::pair_products && special_patch_skippable<V>(k_type);
-        bool k_nan_free =
-                k_nan_possible && !k_once && !V::fp8_pairs_by_parity; // (by parity: checked as read)
-        for (dim g = 0; g < chunk.count && k_nan_free; ++g)
-            k_nan_free = e4m3_without_nan(chunk.k[g], 16 * d);
         // Returns whether a NaN code went through unpatched (the check only runs without the patch).
         auto decode_keys_once = [&](auto patched) {
             fp8_special_check check(k_type);
@@ -1253,24 +1226,24 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
                 switch (n) {
                     case 8:
                         if constexpr (row_block == 8)
-                            packed_scores_groups<V, 8>(k_source_type, k_nan_free, k_groups, groups,
-                                                       k_source_size, qr, d, out, packed_chunk, ahead);
+                            packed_scores_groups<V, 8>(k_source_type, k_groups, groups, k_source_size, qr, d,
+                                                       out, packed_chunk, ahead);
                         break;
                     case 4:
-                        packed_scores_groups<V, 4>(k_source_type, k_nan_free, k_groups, groups, k_source_size,
-                                                   qr, d, out, packed_chunk, ahead);
+                        packed_scores_groups<V, 4>(k_source_type, k_groups, groups, k_source_size, qr, d, out,
+                                                   packed_chunk, ahead);
                         break;
                     case 3:
-                        packed_scores_groups<V, 3>(k_source_type, k_nan_free, k_groups, groups, k_source_size,
-                                                   qr, d, out, packed_chunk, ahead);
+                        packed_scores_groups<V, 3>(k_source_type, k_groups, groups, k_source_size, qr, d, out,
+                                                   packed_chunk, ahead);
                         break;
                     case 2:
-                        packed_scores_groups<V, 2>(k_source_type, k_nan_free, k_groups, groups, k_source_size,
-                                                   qr, d, out, packed_chunk, ahead);
+                        packed_scores_groups<V, 2>(k_source_type, k_groups, groups, k_source_size, qr, d, out,
+                                                   packed_chunk, ahead);
                         break;
                     default:
-                        packed_scores_groups<V, 1>(k_source_type, k_nan_free, k_groups, groups, k_source_size,
-                                                   qr, d, out, packed_chunk, ahead);
+                        packed_scores_groups<V, 1>(k_source_type, k_groups, groups, k_source_size, qr, d, out,
+                                                   packed_chunk, ahead);
                         break;
                 }
             }
@@ -1403,10 +1376,6 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         const data_type v_source_type = v_once ? decoded_type(v_type) : v_type;
         // (NaN codes as with the keys)
         const bool v_nan_possible = !V::fp8_by_table && special_patch_skippable<V>(v_type);
-        bool v_nan_free = v_nan_possible && !v_once && !V::fp8_pairs_by_parity;
-        for (dim g = 0; g < chunk.count && v_nan_free; ++g) // 8 pairs x 32 codes per dims group
-            for (dim dims_group = 0; dims_group < d / 16 && v_nan_free; ++dims_group)
-                v_nan_free = e4m3_without_nan(chunk.v[g] + dims_group * 16 * bs, 8 * 32);
         bool v_staged = false;
         if constexpr (V::pair_products) {
             // FP8 for pair products: 64 codes (two token pairs of a 16-dim row, one line) to bf16
@@ -1483,7 +1452,6 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
             }
             job.dims_group_stride = 16 * (v_once ? packed_chunk : bs) * source_size;
             job.v_type = v_source_type;
-            job.nan_free = v_nan_free;
             job.v_size = source_size;
             job.g0 = c0;
             job.first_pair = first_pair;

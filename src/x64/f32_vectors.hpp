@@ -68,9 +68,9 @@ struct avx512_f32 {
     }
     static float reduce_add(reg v) { return _mm512_reduce_add_ps(v); }
     static constexpr bool fp8_by_table = false;
-    /// Whether the kernels skip the FP8 special patch (e4m3 NaN; e5m2 inf and NaN, decoded by
-    /// shifts too) for codes known to hold none: 3 operations per 16 codes beside the decode's.
-    static constexpr bool e4m3_nan_scan = true;
+    /// Whether the kernels may decode FP8 without the patch for special codes (e4m3 NaN, e5m2 inf
+    /// and NaN: 3 operations per 16 codes beside the decoding's), checking the codes as they go.
+    static constexpr bool fp8_patch_skippable = true;
     /// What load_pair's values are in units of: e4m3 gives value x 2^-120 and e5m2 value x 2^-112,
     /// as f32 subnormals for subnormal codes (exact while MXCSR's denormals-are-zero is clear: the
     /// kernels clear it); the other types the value.
@@ -241,7 +241,7 @@ struct avx2_f32 {
         return _mm_cvtss_f32(s);
     }
     static constexpr bool fp8_by_table = false;
-    static constexpr bool e4m3_nan_scan = true; // (as avx512_f32)
+    static constexpr bool fp8_patch_skippable = true; // (as avx512_f32)
     /// e4m3 as avx512_f32's (value x 2^-120); e5m2 the same way: a code in a lane's top byte
     /// shifted right by 3 with the sign copied, the copies cleared, puts E in the f32 exponent's low
     /// 5 bits and M at the mantissa's top, the value x 2^-112 (subnormals as f32 subnormals). Only
@@ -471,7 +471,7 @@ struct avx512_bf16_f32 : avx512_f32 {
     using pairs = __m512bh;
 
     static constexpr bool fp8_by_table = true; // FP8 decoding has no NaN patch to skip
-    static constexpr bool e4m3_nan_scan = false;
+    static constexpr bool fp8_patch_skippable = false;
     static constexpr bool fp8_pairs_by_parity = false; // (FP8 by the tables)
 
     // 64 FP8 codes to bf16 bits, codes 0..31 into `first` and 32..63 into `second`: three
