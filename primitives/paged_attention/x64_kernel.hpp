@@ -1483,7 +1483,7 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
 
 // MXCSR's denormals-are-zero and flush-to-zero cleared while it lives, its other control bits
 // and the caller's exception flags kept: FP8 subnormals become f32 subnormals in load_pair's
-// units (e4m3; e5m2 on x64:avx2) and in decode_e4m3_lanes, which DAZ would read as zeros.
+// units (e4m3 and e5m2) and in decode_e4m3_lanes, which DAZ would read as zeros.
 class subnormals_kept {
     static constexpr unsigned flush_bits = 0x8040u, exception_flags = 0x3Fu;
     unsigned saved_;
