@@ -320,6 +320,37 @@ TEST_P(fp8_codes, a_nan_value_anywhere_in_the_range_reaches_dst) {
     } while (pd.next_impl());
 }
 
+// Head size 80: five 16-dim rows of values, so that x64:avx512 (one q head: one row of 8 vectors
+// per slice at most) decodes the last alone, apart from the pairs of rows it decodes together.
+TEST_P(fp8_codes, a_nan_value_in_a_head_of_five_16_dim_rows_reaches_dst) {
+    const param p = GetParam();
+    const pa::dim tokens = 48, d_size = 80;
+    setup s(p.dt, p.l, p.q_dt, p.dst_dt, tokens, p.q_heads, d_size);
+    s.flush = p.flush;
+    const uint8_t nan_code = p.dt == pa::data_type::f8_e4m3 ? 0x7F : 0x7E;
+    pa::paged_attention::primitive_desc pd(dnnl::engine(dnnl::engine::kind::cpu, 0), s.desc());
+    do {
+        SCOPED_TRACE(std::string(pd.impl_info_str()) + (p.l == pa::layout::packed ? " packed" : " plain"));
+        const pa::paged_attention prim(pd);
+        for (pa::dim t : { 0, 17, 47 })
+            for (pa::dim d : { 0, 31, 64, 79 }) {
+                std::fill(s.v.begin(), s.v.end(), 0);
+                s.v_at(t, d) = static_cast<uint8_t>(nan_code | (t % 2 ? 0x80 : 0));
+                s.run(prim);
+                for (pa::dim h = 0; h < s.q_heads; ++h)
+                    for (pa::dim i = 0; i < d_size; ++i) {
+                        const float got = s.out(h, i);
+                        if (i == d)
+                            EXPECT_TRUE(std::isnan(got))
+                                    << "NaN at token " << t << " dim " << d << " head " << h;
+                        else
+                            EXPECT_EQ(got, 0.f)
+                                    << "NaN at token " << t << " dim " << d << ", dim " << i << " head " << h;
+                    }
+            }
+    } while (pd.next_impl());
+}
+
 // A window whose first visible token is odd splits a token pair of the packed V rows: the pair is
 // read for the visible token alone (x64 kernels: outside the loop over the pairs every row sees
 // whole). A NaN value there reaches dst, and one at its invisible neighbour does not. Kernels that
@@ -361,9 +392,11 @@ TEST_P(fp8_codes, a_nan_value_at_a_window_edge_reaches_dst_and_its_hidden_neighb
 // A NaN key anywhere in the range makes the score of its token NaN, and so every output of the
 // rows that see it (as in the oracle). Kernels that check a chunk's e4m3 key codes for NaN to skip
 // its decoding patch must check all of them; the keys are otherwise 0 and the values 1.
+// 176 tokens: the second 128-token chunk holds 3 groups of 16, of which x64:avx512 decodes two
+// together and the third alone (tokens 160-175).
 TEST_P(fp8_codes, a_nan_key_anywhere_in_the_range_makes_the_rows_nan) {
     const param p = GetParam();
-    const pa::dim tokens = 160, d_size = 128;
+    const pa::dim tokens = 176, d_size = 128;
     setup s(p.dt, p.l, p.q_dt, p.dst_dt, tokens, p.q_heads, d_size);
     s.flush = p.flush;
     const uint8_t nan_code = p.dt == pa::data_type::f8_e4m3 ? 0x7F : 0x7E,
@@ -373,7 +406,7 @@ TEST_P(fp8_codes, a_nan_key_anywhere_in_the_range_makes_the_rows_nan) {
     do {
         SCOPED_TRACE(std::string(pd.impl_info_str()) + (p.l == pa::layout::packed ? " packed" : " plain"));
         const pa::paged_attention prim(pd);
-        for (pa::dim t : { 0, 15, 16, 33, 63, 64, 95, 127, 128, 159 })
+        for (pa::dim t : { 0, 15, 16, 33, 63, 64, 95, 127, 128, 159, 160, 175 })
             for (pa::dim d : { 0, 15, 16, 70, 127 }) {
                 std::fill(s.k.begin(), s.k.end(), 0);
                 std::fill(s.v.begin(), s.v.end(), one);
@@ -394,7 +427,7 @@ TEST_P(fp8_codes, a_nan_key_anywhere_in_the_range_makes_the_rows_nan) {
 TEST_P(fp8_codes, an_inf_key_anywhere_in_the_range_makes_the_rows_nan_or_drops_its_token) {
     const param p = GetParam();
     if (p.dt != pa::data_type::f8_e5m2) GTEST_SKIP() << "e4m3 has no infinity";
-    const pa::dim tokens = 160, d_size = 128;
+    const pa::dim tokens = 176, d_size = 128; // (a lone group as in the NaN test above)
     setup s(p.dt, p.l, p.q_dt, p.dst_dt, tokens, p.q_heads, d_size);
     s.flush = p.flush;
     const uint8_t one = 0x3C;
@@ -403,7 +436,7 @@ TEST_P(fp8_codes, an_inf_key_anywhere_in_the_range_makes_the_rows_nan_or_drops_i
     do {
         SCOPED_TRACE(std::string(pd.impl_info_str()) + (p.l == pa::layout::packed ? " packed" : " plain"));
         const pa::paged_attention prim(pd);
-        for (pa::dim t : { 0, 15, 16, 33, 63, 64, 95, 127, 128, 159 })
+        for (pa::dim t : { 0, 15, 16, 33, 63, 64, 95, 127, 128, 159, 160, 175 })
             for (pa::dim d : { 0, 15, 16, 70, 127 })
                 for (const bool negative : { false, true }) {
                     std::fill(s.k.begin(), s.k.end(), 0);
