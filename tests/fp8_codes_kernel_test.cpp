@@ -392,8 +392,8 @@ TEST_P(fp8_codes, a_nan_value_at_a_window_edge_reaches_dst_and_its_hidden_neighb
 // A NaN key anywhere in the range makes the score of its token NaN, and so every output of the
 // rows that see it (as in the oracle). Kernels that check a chunk's e4m3 key codes for NaN to skip
 // its decoding patch must check all of them; the keys are otherwise 0 and the values 1.
-// 176 tokens: the second 128-token chunk holds 3 groups of 16, of which x64:avx512 decodes two
-// together and the third alone (tokens 160-175).
+// 176 tokens: the second 128-token chunk holds an odd number of 16-token groups (3), which kernels
+// that decode groups two at a time must handle apart (tokens 160-175).
 TEST_P(fp8_codes, a_nan_key_anywhere_in_the_range_makes_the_rows_nan) {
     const param p = GetParam();
     const pa::dim tokens = 176, d_size = 128;

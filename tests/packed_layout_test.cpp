@@ -623,6 +623,11 @@ std::vector<packed_attn_case> attn_cases() {
     v.push_back({ make_case("decode", 8, 2, 64, 16, { { 1, 213 }, { 1, 312 }, { 1, 7 } }, bf16, e4m3, hnd)
                           .scales(token, token),
                   rl::dense });
+    // Decode with GQA 6: 6 rows per item, in passes of 4 and 2 rows (x64:avx512 scores FP8 keys
+    // against q's half-broadcasts, which each pass must take from its own rows).
+    v.push_back({ make_case("decode_gqa6", 12, 2, 64, 16, { { 1, 300 }, { 1, 45 } }, bf16, e4m3, hnd)
+                          .scales(token, token),
+                  rl::dense });
     // Prefill, f32 cache, ALiBi.
     v.push_back({ make_case("prefill", 4, 4, 128, 32, { { 5, 5 }, { 37, 100 } }, f32, f32, hnd).with_alibi(),
                   rl::padded });
