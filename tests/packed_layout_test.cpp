@@ -874,6 +874,28 @@ double subnormal_unit_of(format f) {
 // exception (README): bf16 dot products (VDPBF16PS, TDPBF16PS) count subnormal inputs as zero, so
 // x64:avx512_bf16 and x64:amx, which multiply a bf16 cache's values by bf16 probabilities for a bf16
 // dst, give exactly 0 there, which the test checks instead.
+// Queries of large magnitude, mostly negative, against FP8 caches: the x64 kernels fold FP8's load
+// unit (2^120 for e4m3, 2^112 for e5m2) into q only as far as the largest |q| leaves it finite, the
+// rest into the scores. |q| up to 2^12 (times the softmax scale 1/8): q times the whole unit would
+// overflow to -inf, so a largest |q| taken over the positive side alone gives NaN or wrong rows.
+TEST(packed_layout, large_negative_queries_with_fp8_caches_match_the_oracle) {
+    for (format cache_fmt : { format::e4m3, format::e5m2 }) {
+        attn_case c = make_case("large_negative_q", 8, 2, 64, 16, { { 1, 100 }, { 2, 40 } }, format::bf16,
+                                cache_fmt, cache_layout::hnd);
+        SCOPED_TRACE(c.name());
+        attn_setup s = build_setup(c);
+        for (size_t i = 0; i < s.q_in.size(); ++i) // -4096 in most elements, small positive values elsewhere
+            store_rounded(s.q.data(), c.q_fmt, static_cast<int64_t>(i), i % 5 == 0 ? 0.25 : -4096.);
+        packed_cache pc = make_packed(c.cache_fmt, s.b.num_blocks, c.hkv, c.bs, c.d, region_layout::dense);
+        scales_spec ks, vs;
+        fill_packed(s, packed_writer(s, pc), pc, ks, vs);
+        const oracle::result ref = s.oracle_on_cache();
+        for (double x : ref.out)
+            ASSERT_TRUE(std::isfinite(x)) << "test bug: the oracle's output is not finite";
+        attend_every_impl(s, pc, ks, vs, ref);
+    }
+}
+
 TEST(packed_layout, huge_and_subnormal_values_are_values) {
     for (format cache_fmt : { format::f32, format::bf16, format::f16, format::e4m3, format::e5m2 })
         for (format dst_fmt : { format::bf16, format::f32 }) {
