@@ -791,17 +791,6 @@ void packed_scores_checked(const char *const *k_groups, dim k_size, const float 
 template <typename V, int N, int G>
 void packed_scores_of(data_type k_type, const char *const *k_groups, dim k_size, const float *q, dim d,
                       float *out, dim out_stride, const dim *ahead) {
-    // (16 lanes: FP8 by packed_scores_by_lines; here only through load_pair, with the patch)
-    if constexpr (V::fp8_pairs_by_parity && V::width == 8)
-        if (is_fp8(k_type)) {
-            if (k_type == data_type::f8_e4m3)
-                packed_scores_checked<V, N, G, data_type::f8_e4m3>(k_groups, k_size, q, d, out, out_stride,
-                                                                   ahead);
-            else
-                packed_scores_checked<V, N, G, data_type::f8_e5m2>(k_groups, k_size, q, d, out, out_stride,
-                                                                   ahead);
-            return;
-        }
     switch (k_type) {
         case data_type::f32:
             packed_scores<V, N, G, data_type::f32>(k_groups, k_size, q, d, out, out_stride, ahead);
@@ -812,11 +801,15 @@ void packed_scores_of(data_type k_type, const char *const *k_groups, dim k_size,
         case data_type::f16:
             packed_scores<V, N, G, data_type::f16>(k_groups, k_size, q, d, out, out_stride, ahead);
             break;
-        case data_type::f8_e4m3:
-            packed_scores<V, N, G, data_type::f8_e4m3>(k_groups, k_size, q, d, out, out_stride, ahead);
-            break;
-        default:
-            packed_scores<V, N, G, data_type::f8_e5m2>(k_groups, k_size, q, d, out, out_stride, ahead);
+        default: // FP8 by parity, 8 lanes (16 lanes: packed_scores_groups takes it by lines)
+            if constexpr (V::width == 8) {
+                if (k_type == data_type::f8_e4m3)
+                    packed_scores_checked<V, N, G, data_type::f8_e4m3>(k_groups, k_size, q, d, out,
+                                                                       out_stride, ahead);
+                else
+                    packed_scores_checked<V, N, G, data_type::f8_e5m2>(k_groups, k_size, q, d, out,
+                                                                       out_stride, ahead);
+            }
             break;
     }
 }
@@ -864,14 +857,15 @@ bool packed_scores_by_lines(const char *k_group, const float *q_halves, dim d, f
     }
     if constexpr (check_nan)
         if (nan_check.found()) return true;
-    auto folded = [](R x) { // lanes 0..7 plus 8..15
-        return _mm256_add_ps(_mm512_castps512_ps256(x),
-                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
-    };
+    // Each sum's halves added ([even lanes 0..7 | odd lanes 0..7] + [even 8..15 | odd 8..15]), then
+    // the even and odd tokens interleaved back.
+    const __m512i interleave = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
     for (int r = 0; r < N; ++r) {
         R e = even[r][0], o = odd[r][0];
         if constexpr (chains == 2) e = V::add(e, even[r][1]), o = V::add(o, odd[r][1]);
-        avx2_f32::store_pair(out + r * out_stride, folded(e), folded(o)); // the tokens interleaved back
+        const R halves = V::add(_mm512_shuffle_f32x4(e, o, _MM_SHUFFLE(1, 0, 1, 0)),
+                                _mm512_shuffle_f32x4(e, o, _MM_SHUFFLE(3, 2, 3, 2)));
+        V::store(out + r * out_stride, _mm512_permutexvar_ps(interleave, halves));
     }
     return false;
 }
@@ -891,15 +885,17 @@ inline void store_q_halves(const float *q, dim rows, dim d, float *q_halves) {
 #endif
 
 // N rows against the chunk's groups: 2 at a time with 16-lane vectors (packed_scores), else 1;
-// FP8 keys with 16 lanes one at a time by lines (q_halves: store_q_halves' of these rows).
+// FP8 keys with 16 lanes one at a time by lines (q_halves: store_q_halves' of these rows, needed
+// then and only then).
 template <typename V, int N>
 void packed_scores_groups(data_type k_type, const char *const *k_groups, dim groups, dim k_size,
                           const float *q, dim d, float *out, dim out_stride, const dim *ahead,
-                          [[maybe_unused]] const float *q_halves = nullptr) {
+                          [[maybe_unused]] const float *q_halves) {
     dim g = 0;
 #ifdef __AVX512F__
-    if constexpr (V::width == 16 && V::fp8_pairs_by_parity)
-        if (q_halves && is_fp8(k_type)) {
+    if constexpr (V::width == 16)
+        if (is_fp8(k_type)) {
+            static_assert(V::fp8_pairs_by_parity, "FP8 keys by lines split them by parity");
             auto by_lines = [&](auto format) {
                 constexpr data_type dt = decltype(format)::value;
                 for (; g < groups; ++g)

@@ -259,8 +259,10 @@ struct avx2_f32 {
     // the other bits anything: the f32 form of load_unit, its specials (e4m3 NaN, e5m2 inf and NaN)
     // patched unless known absent. lane_bits 16: the same in 16-bit lanes, each the top half of
     // such an f32 (its bf16 word).
+    // (Always inlined: x64:avx512's files use it through fp8_to_bf16_words, and an out-of-line copy
+    // compiled with their flags could be the one the linker keeps for x64:avx2's callers.)
     template <data_type dt, bool may_hold_special, int lane_bits = 32>
-    static __m256i fp8_masked_to_f32(__m256i shifted) {
+    __attribute__((always_inline)) static __m256i fp8_masked_to_f32(__m256i shifted) {
         constexpr bool e4m3 = dt == data_type::f8_e4m3;
         auto set1 = [](uint32_t f32_bits) {
             return lane_bits == 32 ? _mm256_set1_epi32(static_cast<int>(f32_bits))
