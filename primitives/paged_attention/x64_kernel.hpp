@@ -349,6 +349,11 @@ __attribute__((always_inline)) inline void prefetch_ahead(const char *current, d
     _mm_prefetch(current + ahead, _MM_HINT_T1);
 }
 
+// Into L1: small reads the next steps need soon (per-token scales).
+__attribute__((always_inline)) inline void prefetch_line(const float *line) {
+    _mm_prefetch(reinterpret_cast<const char *>(line), _MM_HINT_T0);
+}
+
 // Scores of N rows against G 16-token groups of packed K blocks: out[r][16 g + t] = q_r . k_t of
 // group g. The groups' pair of dims is decoded first, then each row's two q values are broadcast
 // once and used at once: N x lanes x G accumulators + 2 x lanes x G K vectors + 2 broadcasts fit
@@ -1158,17 +1163,27 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
         if (info.v_per_token) { // times the largest V scale of the item's tokens (all > 0)
             R most = V::zero();
             largest = 0.f;
-            for (dim t = item.kv_begin; t < item.kv_end;) { // a block's share at a time
-                const dim b = t / bs, block = a.block_table[item.seq * a.block_table_stride + b];
-                const float *scales = a.v_scales + (block * p.kv_heads + item.kv_head) * bs;
-                dim i = t - b * bs;
-                const dim end = std::min(item.kv_end, (b + 1) * bs) - b * bs;
+            // The item's scales a block's share at a time: f(block's scales, first token, end).
+            auto each_block = [&](auto &&f) {
+                for (dim t = item.kv_begin; t < item.kv_end;) {
+                    const dim b = t / bs, block = a.block_table[item.seq * a.block_table_stride + b];
+                    const dim end = std::min(item.kv_end, (b + 1) * bs) - b * bs;
+                    f(a.v_scales + (block * p.kv_heads + item.kv_head) * bs, t - b * bs, end);
+                    t = b * bs + end;
+                }
+            };
+            // Every block's lines requested before any is read: read a block at a time, each
+            // block's first load waited for memory.
+            each_block([](const float *scales, dim i, dim end) {
+                for (i = i / 16 * 16; i < end; i += 16)
+                    prefetch_line(scales + i);
+            });
+            each_block([&](const float *scales, dim i, dim end) {
                 for (; i + width <= end; i += width)
                     most = V::max(most, V::load(scales + i));
                 for (; i < end; ++i)
                     largest = std::max(largest, scales[i]);
-                t = b * bs + end;
-            }
+            });
             largest = std::max(largest, V::reduce_max(most));
         }
         const int into_probabilities = into(unit, largest);
@@ -1222,6 +1237,13 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
             for (dim g = 0; g < std::min(chunk.count, next.count); ++g) {
                 k_ahead[g] = next.k[g] - chunk.k[g];
                 v_ahead[g] = next.v[g] - chunk.v[g];
+            }
+            // The next chunk's per-token scales too (a group's 16 are one line): read from memory
+            // when the softmax needs them, they stalled each chunk (x64:avx512, 8 x 8192 e4m3 from
+            // DRAM: 6.29 -> 5.93 ms; x64:avx512_bf16 4.61 -> 4.16).
+            for (dim g = 0; g < next.count; ++g) {
+                if (info.k_per_token) prefetch_line(a.k_scales + next.scale[g]);
+                if (info.v_per_token) prefetch_line(a.v_scales + next.scale[g]);
             }
         }
 
