@@ -9,6 +9,7 @@
 //
 //   pagedattn_bench [--csv PATH] [--filter decode|verify|prefill|reshape|cost] [--reps N] [--no-flush]
 //                  [--small-pages] [--context N] [--isa LIST] [--kv-heads N] [--block-size N]
+//                  [--scales per-token]
 // --isa avx2,avx512,avx512_bf16,amx,all runs every case once per ISA cap of the list (the attribute
 // primitive_attr::set_max_cpu_isa on both primitives), so that one run compares the implementations:
 // the impl column names what each cap chose.
@@ -17,6 +18,9 @@
 // the cache bytes and does the products of its 32/8 form; the batch column shows the larger batch.
 // --block-size N: every attention case's cache blocks hold N tokens (by default decode runs 128 and
 // 16, the other kinds 128). Neither changes --filter cost or reshape.
+// --scales per-token: the FP8 attention cases read one f32 scale per cached token and kv head for K
+// and for V, as reshape_and_cache's dynamic scales write them (the demo's cache); their cache column
+// says so and their GB/s count the scales' bytes. By default FP8 caches have no scales (1).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -235,10 +239,11 @@ struct config {
     bool flush = true;      // --no-flush: caches stay warm (diagnosis: compute vs memory)
     bool huge_pages = true; // --small-pages: 4 KiB pages for every buffer
     big_array<uint64_t> flush_buffer;
-    long context = 0;           // --context N: only the decode shapes of that context (while tuning a kernel)
-    long kv_heads = 8;          // --kv-heads N (q heads 4N, batches x 8/N)
-    long block_size = 0;        // --block-size N (0: the defaults)
-    cpu_isa cap = cpu_isa::all; // the cap of the current pass (--isa)
+    long context = 0;    // --context N: only the decode shapes of that context (while tuning a kernel)
+    long kv_heads = 8;   // --kv-heads N (q heads 4N, batches x 8/N)
+    long block_size = 0; // --block-size N (0: the defaults)
+    bool per_token_scales = false; // --scales per-token: FP8 attention cases read per-token scales
+    cpu_isa cap = cpu_isa::all;    // the cap of the current pass (--isa)
     std::unique_ptr<ceilings> machine;
     double dram = 0, matmul_bf16 = 0, matmul_f32 = 0; // measured at the start
     std::vector<row> rows;
@@ -277,13 +282,14 @@ struct attention_case {
     dim hq, hkv, d = 128;
     big_array<uint8_t> k_cache, v_cache;
     std::vector<uint16_t> query, dst;
+    std::vector<float> k_scales, v_scales; // per cached token and kv head, when the case has them
     std::vector<int32_t> block_table, seq_lens, query_start_loc;
     paged_attention::primitive_desc pd;
     paged_attention primitive;
     tensor_desc cache_md;
 
     attention_case(long batch_, long q_len_, long context_, long block_size_, data_type dt, bool causal_,
-                   bool huge_pages, cpu_isa cap, dim kv_heads = 8)
+                   bool huge_pages, cpu_isa cap, dim kv_heads = 8, bool per_token_scales = false)
         : batch(batch_), q_len(q_len_), context(context_), block_size(block_size_), cache_type(dt),
           causal(causal_), hq(4 * kv_heads), hkv(kv_heads) {
         dnnl::engine eng(dnnl::engine::kind::cpu, 0);
@@ -293,6 +299,12 @@ struct attention_case {
         o.causal = causal;
         primitive_attr attr;
         attr.set_max_cpu_isa(cap);
+        if (per_token_scales && data_type_size(dt) == 1) {
+            attr.set_scales_mask(ARG_K_CACHE, scales_per_token);
+            attr.set_scales_mask(ARG_V_CACHE, scales_per_token);
+            k_scales.resize(static_cast<size_t>(num_blocks * hkv * block_size));
+            v_scales.resize(k_scales.size());
+        }
         pd = paged_attention::primitive_desc(
                 eng,
                 paged_attention::desc({ { runtime_dim, hq, d }, data_type::bf16 },
@@ -316,6 +328,10 @@ struct attention_case {
         for (size_t i = 0; i < blocks.size(); ++i)
             blocks[i] = static_cast<int32_t>(i);
         std::shuffle(blocks.begin(), blocks.end(), rng); // a realistic, scattered block table
+        for (auto *scales : { &k_scales, &v_scales })
+            for (float &x : *scales)
+                x = std::ldexp(1.f + static_cast<float>(rng() % 256) / 256.f,
+                               -4); // as amax / 448 of moderate rows
         block_table = blocks;
         seq_lens.assign(static_cast<size_t>(batch), static_cast<int32_t>(context));
         for (long s = 0; s <= batch; ++s)
@@ -325,18 +341,28 @@ struct attention_case {
     void run(const dnnl::stream &s) {
         const dim tokens = batch * q_len;
         const dim width = static_cast<dim>(block_table.size()) / batch;
-        primitive.execute(
-                s,
-                { { ARG_QUERY, tensor({ { tokens, hq, d }, data_type::bf16 }, query.data()) },
-                  { ARG_K_CACHE, tensor(cache_md, k_cache.data()) },
-                  { ARG_V_CACHE, tensor(cache_md, v_cache.data()) },
-                  { ARG_BLOCK_TABLE, tensor({ { batch, width }, data_type::s32 }, block_table.data()) },
-                  { ARG_SEQ_LENS, tensor({ { batch }, data_type::s32 }, seq_lens.data()) },
-                  { ARG_QUERY_START_LOC, tensor({ { batch + 1 }, data_type::s32 }, query_start_loc.data()) },
-                  { ARG_DST, tensor({ { tokens, hq, d }, data_type::bf16 }, dst.data()) } });
+        exec_args args = {
+            { ARG_QUERY, tensor({ { tokens, hq, d }, data_type::bf16 }, query.data()) },
+            { ARG_K_CACHE, tensor(cache_md, k_cache.data()) },
+            { ARG_V_CACHE, tensor(cache_md, v_cache.data()) },
+            { ARG_BLOCK_TABLE, tensor({ { batch, width }, data_type::s32 }, block_table.data()) },
+            { ARG_SEQ_LENS, tensor({ { batch }, data_type::s32 }, seq_lens.data()) },
+            { ARG_QUERY_START_LOC, tensor({ { batch + 1 }, data_type::s32 }, query_start_loc.data()) },
+            { ARG_DST, tensor({ { tokens, hq, d }, data_type::bf16 }, dst.data()) }
+        };
+        if (!k_scales.empty()) {
+            const tensor_desc scales_md({ static_cast<dim>(block_table.size()), hkv, block_size },
+                                        data_type::f32);
+            args[ARG_K_SCALES] = tensor(scales_md, k_scales.data());
+            args[ARG_V_SCALES] = tensor(scales_md, v_scales.data());
+        }
+        primitive.execute(s, args);
     }
 
-    double cache_bytes() const { return 2.0 * batch * context * hkv * d * data_type_size(cache_type); }
+    /// K and V codes read by the step, and their per-token scales when the case has them.
+    double cache_bytes() const {
+        return 2.0 * batch * context * hkv * (d * data_type_size(cache_type) + (k_scales.empty() ? 0 : 4));
+    }
     double flops() const {
         const double pairs = causal ? batch * (q_len * (context - q_len) + q_len * (q_len + 1) / 2.0)
                                     : double(batch) * q_len * context;
@@ -389,10 +415,15 @@ struct attention_case {
     }
 };
 
-void print_row(const row &r) {
-    std::printf("%-8s %5ld %5ld %7ld %-8s %5ld %3ld %-16s %10.3f %8.1f %8.1f %7.1f %6.2f", r.kind.c_str(),
-                r.batch, r.q_len, r.context, r.cache.c_str(), r.block_size, r.threads, r.impl.c_str(),
-                r.median_ms, r.gb_per_s, r.gflop_per_s, r.ceiling, r.fraction_of_ceiling);
+// The cache column's width: wider for "f8_e4m3/token" (--scales per-token).
+int cache_column(const config &cfg) {
+    return cfg.per_token_scales ? 13 : 8;
+}
+
+void print_row(const config &cfg, const row &r) {
+    std::printf("%-8s %5ld %5ld %7ld %-*s %5ld %3ld %-16s %10.3f %8.1f %8.1f %7.1f %6.2f", r.kind.c_str(),
+                r.batch, r.q_len, r.context, cache_column(cfg), r.cache.c_str(), r.block_size, r.threads,
+                r.impl.c_str(), r.median_ms, r.gb_per_s, r.gflop_per_s, r.ceiling, r.fraction_of_ceiling);
     if (r.walk > 0)
         std::printf(" %7.1f %6.2f\n", r.walk, r.gb_per_s / r.walk);
     else
@@ -404,7 +435,7 @@ void report(config &cfg, const std::string &kind, const attention_case &c, long 
             double ceiling, double walk = 0) {
     row r;
     r.kind = kind;
-    r.cache = data_type_name(c.cache_type);
+    r.cache = std::string(data_type_name(c.cache_type)) + (c.k_scales.empty() ? "" : "/token");
     r.impl = c.pd.impl_info_str();
     r.batch = c.batch;
     r.q_len = c.q_len;
@@ -418,7 +449,7 @@ void report(config &cfg, const std::string &kind, const attention_case &c, long 
     r.fraction_of_ceiling = ceiling > 0 ? (kind == "prefill" ? r.gflop_per_s : r.gb_per_s) / ceiling : 0;
     r.walk = walk;
     cfg.rows.push_back(r);
-    print_row(r);
+    print_row(cfg, r);
 }
 
 struct timings {
@@ -511,7 +542,7 @@ void run_attention(config &cfg) {
     auto add = [&](std::vector<attention_case> &cases, long batch, long q_len, long context, long block_size,
                    data_type dt) {
         cases.emplace_back(batch * scale, q_len, context, block_size, dt, true, cfg.huge_pages, cfg.cap,
-                           cfg.kv_heads);
+                           cfg.kv_heads, cfg.per_token_scales);
     };
     if (cfg.wants("decode")) {
         // 1 and 8 sequences of one context alternate too: their GB/s are compared.
@@ -657,7 +688,7 @@ void run_reshape(config &cfg) {
                 t.ceiling };
         r.fraction_of_ceiling = r.gb_per_s / t.ceiling;
         cfg.rows.push_back(r);
-        print_row(r);
+        print_row(cfg, r);
     }
 }
 
@@ -826,6 +857,12 @@ int main(int argc, char **argv) {
                 std::fprintf(stderr, "pagedattn_bench: --block-size takes a multiple of 16\n");
                 return 2;
             }
+        } else if (a == "--scales" && i + 1 < argc) {
+            if (std::string(argv[++i]) != "per-token") {
+                std::fprintf(stderr, "pagedattn_bench: --scales takes per-token\n");
+                return 2;
+            }
+            cfg.per_token_scales = true;
         } else if (a == "--isa" && i + 1 < argc) {
             caps.clear();
             std::string list = argv[++i];
@@ -845,7 +882,7 @@ int main(int argc, char **argv) {
         } else {
             std::printf("usage: %s [--csv PATH] [--filter decode|verify|prefill|reshape|cost] [--reps N] "
                         "[--no-flush] [--small-pages] [--context N] [--isa avx2,avx512,avx512_bf16,amx,all] "
-                        "[--kv-heads 1|2|4|8] [--block-size N]\n",
+                        "[--kv-heads 1|2|4|8] [--block-size N] [--scales per-token]\n",
                         argv[0]);
             return a == "--help" ? 0 : 2;
         }
@@ -870,9 +907,9 @@ int main(int argc, char **argv) {
                 "GB/s or GFLOP/s over it; walk (decode, verify): GB/s of a bare read of the case's\n"
                 "caches in its kernels' order, also beside it; wfrac: the case's GB/s over it\n\n",
                 m.has_bf16_matmul() ? "bf16" : "f32");
-        std::printf("%-8s %5s %5s %7s %-8s %5s %3s %-16s %10s %8s %8s %7s %6s %7s %6s\n", "kind", "batch",
-                    "q_len", "context", "cache", "bs", "thr", "impl", "median_ms", "GB/s", "GFLOP/s", "ceil",
-                    "frac", "walk", "wfrac");
+        std::printf("%-8s %5s %5s %7s %-*s %5s %3s %-16s %10s %8s %8s %7s %6s %7s %6s\n", "kind", "batch",
+                    "q_len", "context", cache_column(cfg), "cache", "bs", "thr", "impl", "median_ms", "GB/s",
+                    "GFLOP/s", "ceil", "frac", "walk", "wfrac");
         for (cpu_isa cap : caps) {
             cfg.cap = cap;
             run_attention(cfg);
