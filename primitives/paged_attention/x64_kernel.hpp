@@ -823,15 +823,22 @@ void packed_scores_of(data_type k_type, const char *const *k_groups, dim k_size,
 // Scores of N rows (up to 8) against one 16-token group of FP8 keys, with 16-lane vectors: a line
 // (dim pairs 2u and 2u + 1 of the 16 tokens) per load, split by V::fp8_by_parity into pair 2u's
 // even (odd) tokens in lanes 0..7 and pair 2u + 1's in lanes 8..15, so that each vector is
-// multiplied by q's half-broadcasts (q_halves: [q_4u x 8, q_4u+2 x 8] for the pairs' firsts,
-// [q_4u+1 x 8, q_4u+3 x 8] for their seconds, 32 floats per row and u), and the halves added at the
-// end. Joining two groups' rows for broadcast q instead (packed_scores' way) took a shuffle per 64
-// codes: on Zen 4, decode 1 x 1024 e4m3 27.2 ns per (token, kv head) that way, 25.2 this way.
-// check_nan: as packed_scores'.
+// multiplied by q's half-broadcasts ([q_4u x 8, q_4u+2 x 8] for the pairs' firsts, [q_4u+1 x 8,
+// q_4u+3 x 8] for their seconds), and the halves added at the end. Joining two groups' rows for
+// broadcast q instead (packed_scores' way) took a shuffle per 64 codes: on Zen 4, decode 1 x 1024
+// e4m3 27.2 ns per (token, kv head) that way, 25.2 this way.
+// The half-broadcasts are made from q's four values as each line needs them (a 16-byte broadcast
+// load, two in-lane permutes), not stored once per item: stored, they took 4 KiB per row, 16 KiB
+// for decode's 4 rows read per group, and the lines streaming through L1 evicted them, so that
+// from DRAM the pass waited on their reloads beside its prefetches (Zen 5, decode 8 x 8192 e4m3:
+// 5.81 -> 5.32 ms; in cache 7% slower, 0.079 -> 0.085 ms for 1 x 768).
+// q: N rows of d. check_nan: as packed_scores'.
 template <typename V, int N, data_type k_type, bool may_hold_nan, bool check_nan>
-bool packed_scores_by_lines(const char *k_group, const float *q_halves, dim d, float *out, dim out_stride,
+bool packed_scores_by_lines(const char *k_group, const float *q, dim d, float *out, dim out_stride,
                             dim ahead) {
     using R = typename V::reg;
+    const __m512i first_lanes = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2),
+                  second_lanes = _mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3);
     // With up to 4 rows the firsts and the seconds add into separate sums (2 chains), so that 16
     // FMAs are in flight; 8 rows have 16 sums of one chain each.
     constexpr int chains = N <= 4 ? 2 : 1, second_chain = chains - 1;
@@ -849,11 +856,9 @@ bool packed_scores_by_lines(const char *k_group, const float *q_halves, dim d, f
         V::template fp8_by_parity<k_type, may_hold_nan>(codes, even_first, even_second, odd_first,
                                                         odd_second);
         for (int r = 0; r < N; ++r) {
-            const float *halves = q_halves + (r * (d / 4) + u) * 32;
-            R firsts = V::load(halves), seconds = V::load(halves + 16);
-            // Kept in registers: as memory operands of the FMAs each was loaded twice, and the
-            // loads outnumbered the FMAs (decode 1 x 1024 e4m3 28.6 ns per (token, kv head)).
-            asm("" : "+v"(firsts), "+v"(seconds));
+            const __m512 four = _mm512_broadcast_f32x4(_mm_loadu_ps(q + r * d + 4 * u));
+            const R firsts = _mm512_permutevar_ps(four, first_lanes),
+                    seconds = _mm512_permutevar_ps(four, second_lanes);
             even[r][0] = V::fma(firsts, even_first, even[r][0]);
             odd[r][0] = V::fma(firsts, odd_first, odd[r][0]);
             even[r][second_chain] = V::fma(seconds, even_second, even[r][second_chain]);
@@ -875,27 +880,13 @@ bool packed_scores_by_lines(const char *k_group, const float *q_halves, dim d, f
     return false;
 }
 
-// q's half-broadcasts for packed_scores_by_lines: `rows` rows of d into rows x d / 4 x 32 floats.
-inline void store_q_halves(const float *q, dim rows, dim d, float *q_halves) {
-    for (dim r = 0; r < rows; ++r)
-        for (dim u = 0; u < d / 4; ++u) {
-            const float *x = q + r * d + 4 * u;
-            float *halves = q_halves + (r * (d / 4) + u) * 32;
-            _mm512_storeu_ps(halves,
-                             _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(x[0]), _mm512_set1_ps(x[2])));
-            _mm512_storeu_ps(halves + 16,
-                             _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(x[1]), _mm512_set1_ps(x[3])));
-        }
-}
 #endif
 
 // N rows against the chunk's groups: 2 at a time with 16-lane vectors (packed_scores), else 1;
-// FP8 keys with 16 lanes one at a time by lines (q_halves: store_q_halves' of these rows, needed
-// then and only then).
+// FP8 keys with 16 lanes one at a time by lines.
 template <typename V, int N>
 void packed_scores_groups(data_type k_type, const char *const *k_groups, dim groups, dim k_size,
-                          const float *q, dim d, float *out, dim out_stride, const dim *ahead,
-                          [[maybe_unused]] const float *q_halves) {
+                          const float *q, dim d, float *out, dim out_stride, const dim *ahead) {
     dim g = 0;
 #ifdef __AVX512F__
     if constexpr (V::width == 16)
@@ -904,9 +895,9 @@ void packed_scores_groups(data_type k_type, const char *const *k_groups, dim gro
             auto by_lines = [&](auto format) {
                 constexpr data_type dt = decltype(format)::value;
                 for (; g < groups; ++g)
-                    if (packed_scores_by_lines<V, N, dt, false, true>(k_groups[g], q_halves, d, out + g * 16,
+                    if (packed_scores_by_lines<V, N, dt, false, true>(k_groups[g], q, d, out + g * 16,
                                                                       out_stride, ahead[g]))
-                        packed_scores_by_lines<V, N, dt, true, false>(k_groups[g], q_halves, d, out + g * 16,
+                        packed_scores_by_lines<V, N, dt, true, false>(k_groups[g], q, d, out + g * 16,
                                                                       out_stride, ahead[g]);
             };
             if (k_type == data_type::f8_e4m3)
@@ -1146,17 +1137,6 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
             q[i] *= q_factor;
         score_factor = std::ldexp(1.f, unit - into_q);
     }
-    // x64:avx512 scores FP8 keys read from the cache by lines (packed_scores_by_lines), with q in
-    // half-broadcasts, stored where the keys' decoded copy would go: items of more rows read such
-    // a copy instead.
-    float *q_halves = nullptr;
-#ifdef __AVX512F__
-    if constexpr (width == 16 && V::fp8_pairs_by_parity)
-        if (is_fp8(k_type) && rows <= row_block) {
-            q_halves = k_decoded;
-            store_q_halves(q, rows, d, q_halves);
-        }
-#endif
     if (!V::pair_products && V::load_unit(v_type) != 1.f) {
         const int unit = -std::ilogb(V::load_unit(v_type));
         float largest = 1.f;    // a probability's
@@ -1358,29 +1338,29 @@ void run_item_packed(const paged_attention_problem &p, const paged_attention_arg
             const dim groups = tokens / 16;
             for (dim r0 = 0, n; r0 < rows; r0 += n) {
                 n = rows - r0 >= row_block ? row_block : std::min<dim>(4, rows - r0);
-                const float *qr = q + r0 * d, *qh = q_halves ? q_halves + r0 * 8 * d : nullptr;
+                const float *qr = q + r0 * d;
                 float *out = probability + r0 * packed_chunk;
                 switch (n) {
                     case 8:
                         if constexpr (row_block == 8)
                             packed_scores_groups<V, 8>(k_source_type, k_groups, groups, k_source_size, qr, d,
-                                                       out, packed_chunk, ahead, qh);
+                                                       out, packed_chunk, ahead);
                         break;
                     case 4:
                         packed_scores_groups<V, 4>(k_source_type, k_groups, groups, k_source_size, qr, d, out,
-                                                   packed_chunk, ahead, qh);
+                                                   packed_chunk, ahead);
                         break;
                     case 3:
                         packed_scores_groups<V, 3>(k_source_type, k_groups, groups, k_source_size, qr, d, out,
-                                                   packed_chunk, ahead, qh);
+                                                   packed_chunk, ahead);
                         break;
                     case 2:
                         packed_scores_groups<V, 2>(k_source_type, k_groups, groups, k_source_size, qr, d, out,
-                                                   packed_chunk, ahead, qh);
+                                                   packed_chunk, ahead);
                         break;
                     default:
                         packed_scores_groups<V, 1>(k_source_type, k_groups, groups, k_source_size, qr, d, out,
-                                                   packed_chunk, ahead, qh);
+                                                   packed_chunk, ahead);
                         break;
                 }
             }
