@@ -328,10 +328,10 @@ struct attention_case {
         for (size_t i = 0; i < blocks.size(); ++i)
             blocks[i] = static_cast<int32_t>(i);
         std::shuffle(blocks.begin(), blocks.end(), rng); // a realistic, scattered block table
+        // Per-token scales as amax / 448 of moderate rows: [1/16, 1/8).
         for (auto *scales : { &k_scales, &v_scales })
             for (float &x : *scales)
-                x = std::ldexp(1.f + static_cast<float>(rng() % 256) / 256.f,
-                               -4); // as amax / 448 of moderate rows
+                x = std::ldexp(1.f + static_cast<float>(rng() % 256) / 256.f, -4);
         block_table = blocks;
         seq_lens.assign(static_cast<size_t>(batch), static_cast<int32_t>(context));
         for (long s = 0; s <= batch; ++s)
