@@ -596,17 +596,20 @@ inputs whole_group_inputs(const std::vector<uint16_t> &key_words, const std::vec
 // zero), and zeros. The scale amax / max has one of 128
 // significands, so these rows meet every (scale, value) pair of such rows up to powers of two, in
 // every binade of the codes, the subnormal ones included. amax binades: 2^0, and 2^-60 and 2^60,
-// where the encoders' quotients are far from f32's limits. With a per-tensor scale (0.037 for K, 5.3
-// for V): every bf16 word, NaNs and infinities included, saturating codes among them.
+// where the encoders' quotients are far from f32's limits; tiny rows whose values are subnormal in f32
+// (amax 2^-110, 2^-118, 2^-126: the last two's scales are FLT_MIN, the floor of per-token scales)
+// and the largest finite amaxes (2^127). With a per-tensor scale (0.037 for K, 5.3 for V): every
+// bf16 word, NaNs and infinities included, saturating codes among them.
 TEST(every_implementation_bf16_groups, every_value_within_its_token_scale_and_every_word) {
     for (data_type cache_dt : { data_type::f8_e4m3, data_type::f8_e5m2 }) {
-        for (int amax_binade : { 0, -60, 60 }) {
+        const std::vector<int> binades = { 0, -60, 60, -110, -118, -126, 127 };
+        for (int amax_binade : reduced() ? std::vector<int>(binades.begin(), binades.begin() + 3) : binades) {
             std::vector<uint16_t> words;
             for (uint16_t significand = 0; significand < 128; ++significand) {
-                const auto amax_exponent = static_cast<uint16_t>(127 + amax_binade);
+                const int amax_exponent = 127 + amax_binade;
                 const uint16_t amax = static_cast<uint16_t>(amax_exponent << 7 | significand);
                 std::vector<uint16_t> values;
-                for (uint16_t e = static_cast<uint16_t>(amax_exponent - 34); e <= amax_exponent; ++e)
+                for (int e = std::max(amax_exponent - 34, 0); e <= amax_exponent; ++e)
                     for (uint16_t m = 0; m < 128; ++m) {
                         const uint16_t w = static_cast<uint16_t>(e << 7 | m);
                         if (w > amax) break;
