@@ -10,7 +10,8 @@
 //     (fp8_grid_f16), 32 values per store (encode_fp8_divided, one template over
 //     both codecs); x64:avx2 takes bf16 words' codes from the addition's bits instead
 //     (fp8_biased_code32); whole groups of finite bf16 rows with per-token scales need neither the
-//     saturation nor the NaN step (words_known);
+//     saturation nor the NaN step (words_known), and x64:avx2 encodes them without the division,
+//     by per-row thresholds on their bits (fp8_threshold_bounds);
 //   - bf16: integer round-to-nearest-even, NaN quieted (bits >> 16 | 0x40); f16: vcvtps2ph in
 //     nearest-even mode, whose NaN (sign | 0x7E00 | payload >> 13) and overflow (>= 65520 to inf)
 //     match f32_to_f16; f32: stored as is, with a signalling NaN quieted like the reference's
@@ -53,6 +54,7 @@ template <bool is_e4m3> struct fp8_format {
     static constexpr int mantissa_bits = is_e4m3 ? 3 : 2;
     static constexpr int nan_code = is_e4m3 ? 0x7F : 0x7E;
     static constexpr int drop = 23 - mantissa_bits; // f32 mantissa bits below the format's
+    static constexpr int exponent_bias = is_e4m3 ? 7 : 15;
     // The largest finite value in the f16 domain of the encoder (e4m3 times 2^-8).
     static constexpr float max_f16_domain = is_e4m3 ? 448.f / 256.f : 57344.f;
 };
@@ -62,6 +64,44 @@ template <bool is_e4m3> struct fp8_format {
 // scale is at most the format's largest finite value, up to the division's rounding, which the
 // grid rounds back to it: no clamp and no NaN to make canonical.
 enum class words_known { any, bf16, bf16_within_scale };
+
+// The threshold encoder of bf16 rows with per-token scales (words_known::bf16_within_scale, x64:avx2).
+// A bf16 magnitude is (1 + m/128) 2^(e - 127), m its 7 mantissa bits, e its exponent field; by a
+// scale s = ms 2^es (ms in [1, 2)) its quotient is q(m) 2^(e - 128 - es) with q(m) = (128 + m) /
+// (64 ms), in (1, 4). Where the codes are normal, a factor of 2 adds 2^mantissa_bits to the code, so
+//   code = f(m) + 2^mantissa_bits (e - 128 - es),
+// f(m) the code of q(m). f steps up by one at each boundary between two codes that q(m) passes, and
+// m in [0, 127] spans less than one binade: f(m) = f(0) + the number of thresholds (at most
+// 2^mantissa_bits) at most m. The thresholds keep the division's two roundings exactly: q rounds in
+// f32, then to the nearest code, ties to the even one. So code c + 1 is reached where q is at least
+// the midpoint M of codes c, c + 1 less half an f32 ulp (that value rounds to M, a tie that even
+// c + 1 wins), or, for odd c + 1, above M plus half an ulp; i.e. where 128 + m is at least (above)
+// that bound times 64 ms: a product of 25 and 24 bits, exact in f64 and never an integer (the
+// bound's last bit is 2^-24 of its binade), so the threshold is its ceiling either way. Per row,
+// fp8_threshold_plan takes those ceilings for the 2 x 2^mantissa_bits boundaries in q's range; per
+// 32 values the codes are then byte compares and adds: no division and no f32 lanes (x64:avx2 on
+// Zen 3, 16 rows in L1, the plans included: e4m3 16.8 -> 15.0, e5m2 17.0 -> 11.2 TSC cycles per 32
+// codes). 32 values holding one below the row's lowest exponent (whose code would not be normal)
+// take the division path; zeros and bf16 subnormals are code 0 (with their sign) where the scale
+// is at least 2^(-126 + exponent_bias + mantissa_bits), else the whole row takes the division path.
+// Checked against the division path for every finite bf16 amax and every bf16 value of either sign
+// up to it (1.1e9 values per format, bit for bit).
+template <bool is_e4m3> struct fp8_threshold_bounds {
+    static constexpr int count = 2 << fp8_format<is_e4m3>::mantissa_bits;
+    // Bound i, between the codes of 1.0 plus i and plus i + 1 (values in [1, 4)), in units of q.
+    double bound[count];
+    constexpr fp8_threshold_bounds() : bound() {
+        constexpr int m = fp8_format<is_e4m3>::mantissa_bits, steps = 1 << m;
+        for (int i = 0; i < count; ++i) {
+            const int binade = i >> m; // 0: [1, 2), 1: [2, 4)
+            const double unit = binade ? 2.0 : 1.0, step = unit / steps;
+            const double midpoint = unit + (i % steps) * step + step / 2;      // in the same binade
+            const double half_ulp = unit / 16777216.0;                         // 2^-24 of the binade: f32's
+            bound[i] = i % 2 == 1 ? midpoint - half_ulp : midpoint + half_ulp; // (i + 1 even: even code)
+        }
+    }
+};
+template <bool is_e4m3> constexpr fp8_threshold_bounds<is_e4m3> fp8_threshold_bounds_of {};
 
 // Per-ISA encoders over the f32 vector type; specialised below.
 template <typename V> struct codec;
@@ -248,6 +288,7 @@ template <> struct codec<avx512_f32> : avx512_f32 {
     // The signs of 32 bf16 or f16 values: their top bits, one mask operation. A quotient by a
     // positive scale has its dividend's sign (zeros, infinities and NaNs included).
     static constexpr bool signs_from_16bit = true;
+    static constexpr bool has_threshold_encoder = false; // (x64:avx2's only, so far)
     static __mmask32 signs_16bit(const char *p) { return _mm512_movepi16_mask(_mm512_loadu_si512(p)); }
     // The amax of a bf16 or f16 row on its bits, the widest loads first.
     static float amax_16bit(const void *src, data_type dt, dim n) {
@@ -415,6 +456,84 @@ template <> struct codec<avx2_f32> : avx2_f32 {
     // The amax of a bf16 or f16 row on its bits, the widest loads first.
     static float amax_16bit(const void *src, data_type dt, dim n) {
         return amax_16bit_by<avx2_f32, __m256i>(src, dt, n);
+    }
+    /// One row's plan for fp8_codes32_by_thresholds (see fp8_threshold_bounds): its thresholds
+    /// less one (the code steps up where m is above them), the code of its values whose m is 0 less
+    /// 2^mantissa_bits (128 + es) (mod 256), the lowest exponent field whose whole binade codes
+    /// normally, in every byte; whether the row may take it at all.
+    template <bool is_e4m3> struct fp8_thresholds {
+        ireg above[1 << fp8_format<is_e4m3>::mantissa_bits];
+        ireg constant, lowest_exponent;
+        bool usable;
+    };
+    static constexpr bool has_threshold_encoder = true;
+    template <bool is_e4m3> static void fp8_threshold_plan(float scale, fp8_thresholds<is_e4m3> &plan) {
+        using F = fp8_format<is_e4m3>;
+        constexpr int steps = 1 << F::mantissa_bits, count = fp8_threshold_bounds<is_e4m3>::count;
+        uint32_t bits;
+        std::memcpy(&bits, &scale, sizeof bits);
+        const int es = static_cast<int>(bits >> 23 & 0xFF) - 127;
+        const uint32_t ms64_bits = (bits & 0x007FFFFF) | (127 + 6) << 23; // ms times 64, exact
+        float ms64;
+        std::memcpy(&ms64, &ms64_bits, sizeof ms64);
+        const __m256d factor = _mm256_set1_pd(ms64), minus_129 = _mm256_set1_pd(-129.0);
+        // Bounds 4k .. 4k + 3 times 64 ms less 129 (exact), rounded up: the thresholds less one.
+        auto thresholds = [&](int k) {
+            const __m256d x = _mm256_fmadd_pd(_mm256_loadu_pd(fp8_threshold_bounds_of<is_e4m3>.bound + 4 * k),
+                                              factor, minus_129);
+            return _mm256_cvtpd_epi32(_mm256_round_pd(x, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC));
+        };
+        // As bytes, saturated: at most 127 where never reached, negative where reached at m = 0
+        const __m128i low = _mm_packs_epi32(thresholds(0), thresholds(1));
+        const __m128i all = count == 16 ? _mm_packs_epi16(low, _mm_packs_epi32(thresholds(2), thresholds(3)))
+                                        : _mm_packs_epi16(low, low);
+        // The bounds below f(0) (k0 of them) are crossed by every m; the next 2^mantissa_bits, at most
+        // (k0 is at most 2^mantissa_bits: f(0) lies in [code of 1, code of 2]), are the row's.
+        const int k0 =
+                __builtin_popcount(static_cast<unsigned>(_mm_movemask_epi8(all)) & ((1u << count) - 1));
+        const ireg table = _mm256_broadcastsi128_si256(all), first = _mm256_set1_epi8(static_cast<char>(k0));
+#pragma GCC unroll 8
+        for (int j = 0; j < steps; ++j)
+            plan.above[j] = _mm256_shuffle_epi8(table, _mm256_add_epi8(first, set1_byte(j)));
+        const int code_of_one = F::exponent_bias << F::mantissa_bits;
+        plan.constant = set1_byte((code_of_one + k0 - steps * (128 + es)) & 0xFF);
+        plan.lowest_exponent = set1_byte(std::max(1, 129 - F::exponent_bias + es));
+        plan.usable = es >= -126 + F::exponent_bias + F::mantissa_bits;
+    }
+    /// The FP8 codes of 32 bf16 values at p by their row's plan into dst, if every value is 0, a
+    /// bf16 subnormal or at least the plan's lowest exponent (else nothing is written: false).
+    template <bool is_e4m3>
+    static bool fp8_codes32_by_thresholds(const char *p, const fp8_thresholds<is_e4m3> &plan, char *dst) {
+        constexpr int mantissa_bits = fp8_format<is_e4m3>::mantissa_bits, steps = 1 << mantissa_bits;
+        const ireg a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)),
+                   b = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p + 32));
+        const ireg mantissa = _mm256_set1_epi16(0x7F), magnitude = _mm256_set1_epi16(0x7FFF);
+        // Bytes, per 128-bit lane L: a's words 8L .. 8L + 7, then b's (as fp8_codes32_bf16's codes)
+        const ireg mantissas =
+                _mm256_packus_epi16(_mm256_and_si256(a, mantissa), _mm256_and_si256(b, mantissa));
+        const ireg exponents = _mm256_packus_epi16(_mm256_srli_epi16(_mm256_and_si256(a, magnitude), 7),
+                                                   _mm256_srli_epi16(_mm256_and_si256(b, magnitude), 7));
+        const ireg tiny = _mm256_cmpeq_epi8(exponents, _mm256_setzero_si256()); // zeros, subnormals
+        const ireg below = _mm256_subs_epu8(plan.lowest_exponent, _mm256_max_epu8(exponents, tiny));
+        if (!_mm256_testz_si256(below, below)) return false;
+        ireg scaled = exponents; // times 2^mantissa_bits, mod 256
+        for (int k = 0; k < mantissa_bits; ++k)
+            scaled = _mm256_add_epi8(scaled, scaled);
+        // The compares' -1s in two chains: `codes` subtracts the odd ones, `crossed` adds the even.
+        ireg codes = _mm256_add_epi8(scaled, plan.constant),
+             crossed = _mm256_cmpgt_epi8(mantissas, plan.above[0]);
+#pragma GCC unroll 8
+        for (int j = 1; j < steps; j += 2) {
+            codes = _mm256_sub_epi8(codes, _mm256_cmpgt_epi8(mantissas, plan.above[j]));
+            if (j + 1 < steps)
+                crossed = _mm256_add_epi8(crossed, _mm256_cmpgt_epi8(mantissas, plan.above[j + 1]));
+        }
+        codes = _mm256_andnot_si256(tiny, _mm256_sub_epi8(codes, crossed));
+        // Signed saturation leaves each word's sign in bit 7 of its byte, in the same order.
+        const ireg signs = _mm256_and_si256(_mm256_packs_epi16(a, b), set1_byte(0x80));
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst),
+                            _mm256_permute4x64_epi64(_mm256_or_si256(codes, signs), 0xD8));
+        return true;
     }
     static constexpr bool signs_from_16bit = false; // no mask registers: signs from the quotients
     /// amax_16bit of 16 rows `stride` bytes apart into out[16]; whether all their values are
@@ -599,6 +718,35 @@ inline void prefetch_row(const char *row, dim bytes) {
         _mm_prefetch(row + byte, _MM_HINT_T0);
 }
 
+/// encode_rows_fp8 of 16 finite bf16 rows with per-token scales (n a multiple of 32) by the threshold
+/// encoder (see fp8_threshold_bounds): the rows' plans first, independent of each other, then
+/// their codes 32 at a time, each 32 the plan cannot take by the division, and rows the plan cannot
+/// take at all by encode_fp8_loaded.
+template <typename C, bool is_e4m3>
+void encode_bf16_rows_by_thresholds(const char *src, dim stride, dim n, const float *scales, char *dst,
+                                    const char *next) {
+    typename C::template fp8_thresholds<is_e4m3> plans[packed_group];
+    for (dim j = 0; j < packed_group; ++j)
+        C::fp8_threshold_plan(scales[j], plans[j]);
+    for (dim j = 0; j < packed_group; ++j) {
+        const char *in = src + j * stride;
+        char *out = dst + j * n;
+        if (next) prefetch_row(next + j * stride, 2 * n);
+        // (per-token scales are at most the largest bf16 / 448: their 2^8 multiple is finite)
+        const float divisor = is_e4m3 ? scales[j] * 256.f : scales[j];
+        if (!plans[j].usable || !(divisor <= FLT_MAX)) {
+            encode_fp8_loaded<C, is_e4m3, words_known::bf16_within_scale>(
+                    [&](dim i) { return C::load_bf16(in + 2 * i); }, n, scales[j], out, in);
+            continue;
+        }
+        for (dim i = 0; i < n; i += 32)
+            if (!C::fp8_codes32_by_thresholds(in + 2 * i, plans[j], out + i))
+                _mm256_storeu_si256(
+                        reinterpret_cast<__m256i *>(out + i),
+                        C::template fp8_codes32_bf16<is_e4m3, false, true>(in + 2 * i, C::set1(divisor)));
+    }
+}
+
 /// encode_fp8 of 16 rows of bf16 or f16 values, `stride` bytes apart, each by its scale, into rows of
 /// n codes side by side at dst: one dispatch for the group and one loop over its rows.
 /// `within_scale`: the rows are finite and their scales per-token ones (words_known). `next`: rows
@@ -606,6 +754,12 @@ inline void prefetch_row(const char *row, dim bytes) {
 template <typename C>
 void encode_rows_fp8(const char *src, dim stride, data_type in_type, dim n, const float *scales, bool is_e4m3,
                      bool within_scale, char *dst, const char *next) {
+    if constexpr (C::has_threshold_encoder)
+        if (within_scale && in_type == data_type::bf16 && n % 32 == 0) {
+            is_e4m3 ? encode_bf16_rows_by_thresholds<C, true>(src, stride, n, scales, dst, next)
+                    : encode_bf16_rows_by_thresholds<C, false>(src, stride, n, scales, dst, next);
+            return;
+        }
     dispatch_fp8_encoder<C>(in_type, is_e4m3, within_scale, [&](auto format, auto load, auto known) {
         for (dim j = 0; j < packed_group; ++j) {
             const char *in = src + j * stride;
