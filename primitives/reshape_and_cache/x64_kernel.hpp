@@ -491,10 +491,15 @@ template <> struct codec<avx2_f32> : avx2_f32 {
         // (k0 is at most 2^mantissa_bits: f(0) lies in [code of 1, code of 2]), are the row's.
         const int k0 =
                 __builtin_popcount(static_cast<unsigned>(_mm_movemask_epi8(all)) & ((1u << count) - 1));
-        const ireg table = _mm256_broadcastsi128_si256(all), first = _mm256_set1_epi8(static_cast<char>(k0));
+        // The row's thresholds first (shifted down by k0), then each in every byte
+        const ireg window = _mm256_shuffle_epi8(
+                _mm256_broadcastsi128_si256(all),
+                _mm256_add_epi8(_mm256_set1_epi8(static_cast<char>(k0)),
+                                _mm256_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1,
+                                                 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)));
 #pragma GCC unroll 8
         for (int j = 0; j < steps; ++j)
-            plan.above[j] = _mm256_shuffle_epi8(table, _mm256_add_epi8(first, set1_byte(j)));
+            plan.above[j] = _mm256_shuffle_epi8(window, set1_byte(j));
         const int code_of_one = F::exponent_bias << F::mantissa_bits;
         plan.constant = set1_byte((code_of_one + k0 - steps * (128 + es)) & 0xFF);
         plan.lowest_exponent = set1_byte(std::max(1, 129 - F::exponent_bias + es));
