@@ -555,6 +555,7 @@ template <> struct codec<avx2_f32> : avx2_f32 {
         for (int j = 0; j < 16; ++j) {
             const auto *in = reinterpret_cast<const uint16_t *>(src + j * stride);
             __m256i positive = _mm256_setzero_si256(), unsigned_max = _mm256_setzero_si256();
+#pragma GCC unroll 4
             for (dim i = 0; i < n; i += 16) { // (n: a packed head size, a multiple of 16)
                 const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(in + i));
                 positive = _mm256_max_epi16(positive, x);
