@@ -449,7 +449,12 @@ template <> struct codec<avx2_f32> : avx2_f32 {
         };
         const ireg codes = _mm256_packus_epi16(codes16(magnitude_a), codes16(magnitude_b));
         const ireg magnitudes = within_scale ? codes : _mm256_min_epu8(codes, set1_byte(F::nan_code));
-        // Signed saturation leaves each word's sign in bit 7 of its byte, in the same order.
+        return with_signs_in_order(magnitudes, a, b);
+    }
+    /// 32 codes' magnitudes as packed from the 16-value loads a and b (per 128-bit lane: a's 8, then
+    /// b's) with the words' signs, in the words' order. Signed saturation leaves each word's sign in
+    /// bit 7 of its byte, in the same order as the magnitudes; one 64-bit permute restores the words'.
+    static ireg with_signs_in_order(ireg magnitudes, ireg a, ireg b) {
         const ireg signs = _mm256_and_si256(_mm256_packs_epi16(a, b), set1_byte(0x80));
         return _mm256_permute4x64_epi64(_mm256_or_si256(magnitudes, signs), 0xD8);
     }
@@ -534,10 +539,7 @@ template <> struct codec<avx2_f32> : avx2_f32 {
                 crossed = _mm256_add_epi8(crossed, _mm256_cmpgt_epi8(mantissas, plan.above[j + 1]));
         }
         codes = _mm256_andnot_si256(tiny, _mm256_sub_epi8(codes, crossed));
-        // Signed saturation leaves each word's sign in bit 7 of its byte, in the same order.
-        const ireg signs = _mm256_and_si256(_mm256_packs_epi16(a, b), set1_byte(0x80));
-        _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst),
-                            _mm256_permute4x64_epi64(_mm256_or_si256(codes, signs), 0xD8));
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst), with_signs_in_order(codes, a, b));
         return true;
     }
     static constexpr bool signs_from_16bit = false; // no mask registers: signs from the quotients
