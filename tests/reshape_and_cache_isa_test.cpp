@@ -589,6 +589,33 @@ inputs whole_group_inputs(const std::vector<uint16_t> &key_words, const std::vec
     return in;
 }
 
+// x64:avx2's threshold encoder holds its thresholds for the scales that per-token scaling makes
+// from bf16 amaxes, and takes their rows down to its smallest scale (2^-116 for e4m3, 2^-109 for
+// e5m2, below which codes of bf16 subnormals would not be zeros); smaller scales, FLT_MIN (the
+// floor) among them, and scales of no bf16 amax take the division path. The codes are the same
+// either way (the tests below): this checks that the fast path is not silently lost.
+TEST(threshold_encoder, takes_every_per_token_scale_of_a_bf16_amax) {
+    const detail::threshold_scale_check takes = detail::reshape_and_cache_threshold_scale_check();
+    if (takes == nullptr) GTEST_SKIP() << "the library was built without the x64 kernels";
+    if (!runs(cpu_isa::avx2)) GTEST_SKIP() << "the host does not run avx2";
+    for (data_type dt : { data_type::f8_e4m3, data_type::f8_e5m2 }) {
+        const float largest = dt == data_type::f8_e4m3 ? 448.f : 57344.f;
+        const int smallest = dt == data_type::f8_e4m3 ? -116 : -109;
+        int taken = 0;
+        for (int binade : { 127, 60, 0, -60, -100, -105, -110, -118, -126 })
+            for (int significand = 0; significand < 128; ++significand) {
+                const float amax = std::ldexp(1.f + significand / 128.f, binade);
+                const float scale = std::max(amax / largest, FLT_MIN);
+                const bool expected = scale >= std::ldexp(1.f, smallest);
+                EXPECT_EQ(takes(scale, dt), expected) << dt_str(dt) << " amax " << amax << " scale " << scale;
+                taken += expected;
+            }
+        EXPECT_GE(taken, 4 * 128);
+        for (float scale : { 0.037f, 5.3f, 1e-3f })
+            EXPECT_FALSE(takes(scale, dt)) << dt_str(dt) << " scale " << scale;
+    }
+}
+
 // The FP8 encoders of whole 16-token groups of bf16 rows, over every value they can meet. With
 // per-token scales every row holds its amax and finite values at most it, in rows of 128: for each
 // of the 128 significands of a bf16 amax, every bf16 value of either sign from the amax's binade

@@ -9,6 +9,18 @@ void encode_row_avx2(const float *src, int64_t n, float scale, data_type dt, voi
     x64_rac::encode_row_any<avx2_f32>(src, n, scale, dt, dst);
 }
 
+bool threshold_encoder_takes_avx2(float scale, data_type dt) {
+    using C = x64_rac::codec<avx2_f32>;
+    if (dt == data_type::f8_e4m3) {
+        C::fp8_thresholds<true> plan;
+        C::fp8_threshold_plan(scale, plan);
+        return plan.usable;
+    }
+    C::fp8_thresholds<false> plan;
+    C::fp8_threshold_plan(scale, plan);
+    return plan.usable;
+}
+
 const reshape_and_cache_implementation reshape_and_cache_avx2 = { "x64:avx2", cpu_isa::avx2,
                                                                   x64_rac::decline<avx2_f32>,
                                                                   x64_rac::execute<avx2_f32> };

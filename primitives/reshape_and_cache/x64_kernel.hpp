@@ -77,12 +77,15 @@ enum class words_known { any, bf16, bf16_within_scale };
 // the midpoint M of codes c, c + 1 less half an f32 ulp (that value rounds to M, a tie that even
 // c + 1 wins), or, for odd c + 1, above M plus half an ulp; i.e. where 128 + m is at least (above)
 // that bound times 64 ms: a product of 25 and 24 bits, exact in f64 and never an integer (the
-// bound's last bit is 2^-24 of its binade), so the threshold is its ceiling either way. Per row,
-// fp8_threshold_plan takes those ceilings for the 2 x 2^mantissa_bits boundaries in q's range; per
-// 32 values the codes are then byte compares and adds: no division and no f32 lanes (x64:avx2 on
-// Zen 3, 16 rows in L1, the plans included: e4m3 16.8 -> 15.0, e5m2 17.0 -> 11.2 TSC cycles per 32
-// codes). 32 values holding one below the row's lowest exponent (whose code would not be normal)
-// take the division path; zeros and bf16 subnormals are code 0 (with their sign) where the scale
+// bound's last bit is 2^-24 of its binade), so the threshold is its ceiling either way. The
+// thresholds depend on ms alone, and per-token scales of bf16 rows have 128 ms: their thresholds are
+// made at compile time (fp8_threshold_table), in groups of 8 mantissas; per 32 values the codes are
+// then two byte look-ups by m >> 3 (the group's first code, the threshold within it), a compare
+// and adds: no division and no f32 lanes (x64:avx2 on Zen 3, 16 rows of 128 in L1, TSC cycles
+// per 32 codes: e4m3 16.8 by the division, 15.4 by per-row plans of f64 ceilings and a compare per
+// threshold, 10.6 by the table; e5m2 17.0, 11.9, 10.0). Rows with another scale take the division
+// path, and so do 32 values holding one below the row's lowest exponent (whose code would not be
+// normal); zeros and bf16 subnormals are code 0 (with their sign) where the scale
 // is at least 2^(-126 + exponent_bias + mantissa_bits), else the whole row takes the division path.
 // Checked against the division path for every finite bf16 amax and every bf16 value of either sign
 // up to it (1.1e9 values per format, bit for bit).
@@ -102,6 +105,47 @@ template <bool is_e4m3> struct fp8_threshold_bounds {
     }
 };
 template <bool is_e4m3> constexpr fp8_threshold_bounds<is_e4m3> fp8_threshold_bounds_of {};
+
+// The thresholds of the 128 scale significands that per-token scales of bf16 rows have (amax / 448
+// and amax / 57344 share them: 57344 is 448 x 2^7), as fp8_codes32_by_thresholds reads them, made
+// at compile time: per group h of 8 mantissas (m >> 3) the bounds that 8h crosses, and the
+// threshold less one that a later m of the group may pass (thresholds lie at least 7 apart: at
+// most one per group), else 127. A scale's slot is its significand's top 8 fraction bits; a slot
+// holds one significand or none, and another scale takes the division path.
+template <bool is_e4m3> struct fp8_threshold_table {
+    static constexpr int count = fp8_threshold_bounds<is_e4m3>::count;
+    uint32_t fraction[256]; // the 23 fraction bits of the slot's significand (never all ones if none)
+    alignas(16) int8_t crossed[256][16];
+    alignas(16) int8_t next_above[256][16];
+    constexpr fp8_threshold_table() : fraction(), crossed(), next_above() {
+        for (auto &f : fraction)
+            f = 0xFFFFFFFF;
+        for (int k = 0; k < 128; ++k) {
+            float ms = (1.f + k / 128.f) / 448.f * 256.f; // rounded as at run time, then scaled exactly
+            if (ms < 1.f) ms *= 2.f;
+            const auto bits = static_cast<uint32_t>((ms - 1.f) * 8388608.f);
+            const uint32_t slot = bits >> 15;
+            if (fraction[slot] != 0xFFFFFFFF)
+                throw "two significands in one slot"; // (not constant: fails to compile)
+            fraction[slot] = bits;
+            // Bound i times 64 ms (exact, never an integer) rounded up, less 129, as bytes saturated
+            int above[count] = {};
+            for (int i = 0; i < count; ++i) {
+                const int t =
+                        static_cast<int>(fp8_threshold_bounds_of<is_e4m3>.bound[i] * 64.0 * ms) + 1 - 129;
+                above[i] = t < -128 ? -128 : t > 127 ? 127 : t;
+            }
+            for (int h = 0; h < 16; ++h) {
+                int before = 0;
+                while (before < count && above[before] < 8 * h)
+                    ++before;
+                crossed[slot][h] = static_cast<int8_t>(before);
+                next_above[slot][h] = static_cast<int8_t>(before < count ? above[before] : 127);
+            }
+        }
+    }
+};
+template <bool is_e4m3> constexpr fp8_threshold_table<is_e4m3> fp8_threshold_table_of {};
 
 // Per-ISA encoders over the f32 vector type; specialised below.
 template <typename V> struct codec;
@@ -462,59 +506,40 @@ template <> struct codec<avx2_f32> : avx2_f32 {
     static float amax_16bit(const void *src, data_type dt, dim n) {
         return amax_16bit_by<avx2_f32, __m256i>(src, dt, n);
     }
-    /// One row's plan for fp8_codes32_by_thresholds (see fp8_threshold_bounds): its thresholds
-    /// less one (the code steps up where m is above them), the code of its values whose m is 0 less
-    /// 2^mantissa_bits (128 + es) (mod 256), the lowest exponent field whose whole binade codes
-    /// normally, in every byte; whether the row may take it at all.
+    /// One row's plan for fp8_codes32_by_thresholds (see fp8_threshold_bounds), in each 128-bit lane,
+    /// indexed by a mantissa's group m >> 3: the code of the group's first mantissa (8 (m >> 3)) less
+    /// 2^mantissa_bits (128 + es) (mod 256); the threshold less one that a later mantissa of the
+    /// group may pass (at most one does: they lie at least 7 apart), else 127. In every byte the
+    /// lowest exponent field whose whole binade codes normally; whether the row may take it at all.
     template <bool is_e4m3> struct fp8_thresholds {
-        ireg above[1 << fp8_format<is_e4m3>::mantissa_bits];
-        ireg constant, lowest_exponent;
+        ireg first_code, next_above, lowest_exponent;
         bool usable;
     };
     static constexpr bool has_threshold_encoder = true;
     template <bool is_e4m3> static void fp8_threshold_plan(float scale, fp8_thresholds<is_e4m3> &plan) {
         using F = fp8_format<is_e4m3>;
-        constexpr int steps = 1 << F::mantissa_bits, count = fp8_threshold_bounds<is_e4m3>::count;
+        constexpr auto &table = fp8_threshold_table_of<is_e4m3>;
         uint32_t bits;
         std::memcpy(&bits, &scale, sizeof bits);
         const int es = static_cast<int>(bits >> 23 & 0xFF) - 127;
-        const uint32_t ms64_bits = (bits & 0x007FFFFF) | (127 + 6) << 23; // ms times 64, exact
-        float ms64;
-        std::memcpy(&ms64, &ms64_bits, sizeof ms64);
-        const __m256d factor = _mm256_set1_pd(ms64), minus_129 = _mm256_set1_pd(-129.0);
-        // Bounds 4k .. 4k + 3 times 64 ms less 129 (exact), rounded up: the thresholds less one.
-        auto thresholds = [&](int k) {
-            const __m256d x = _mm256_fmadd_pd(_mm256_loadu_pd(fp8_threshold_bounds_of<is_e4m3>.bound + 4 * k),
-                                              factor, minus_129);
-            return _mm256_cvtpd_epi32(_mm256_round_pd(x, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC));
+        const uint32_t fraction = bits & 0x007FFFFF;
+        const uint32_t slot = fraction >> 15;
+        auto row = [&](const int8_t(&bytes)[256][16]) {
+            return _mm256_broadcastsi128_si256(
+                    _mm_load_si128(reinterpret_cast<const __m128i *>(bytes[slot])));
         };
-        // As bytes, saturated: at most 127 where never reached, negative where reached at m = 0
-        const __m128i low = _mm_packs_epi32(thresholds(0), thresholds(1));
-        const __m128i all = count == 16 ? _mm_packs_epi16(low, _mm_packs_epi32(thresholds(2), thresholds(3)))
-                                        : _mm_packs_epi16(low, low);
-        // The bounds below f(0) (k0 of them) are crossed by every m; the next 2^mantissa_bits, at most
-        // (k0 is at most 2^mantissa_bits: f(0) lies in [code of 1, code of 2]), are the row's.
-        const int k0 =
-                __builtin_popcount(static_cast<unsigned>(_mm_movemask_epi8(all)) & ((1u << count) - 1));
-        // The row's thresholds first (shifted down by k0), then each in every byte
-        const ireg window = _mm256_shuffle_epi8(
-                _mm256_broadcastsi128_si256(all),
-                _mm256_add_epi8(_mm256_set1_epi8(static_cast<char>(k0)),
-                                _mm256_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1,
-                                                 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)));
-#pragma GCC unroll 8
-        for (int j = 0; j < steps; ++j)
-            plan.above[j] = _mm256_shuffle_epi8(window, set1_byte(j));
         const int code_of_one = F::exponent_bias << F::mantissa_bits;
-        plan.constant = set1_byte((code_of_one + k0 - steps * (128 + es)) & 0xFF);
+        plan.first_code = _mm256_add_epi8(
+                row(table.crossed), set1_byte((code_of_one - (1 << F::mantissa_bits) * (128 + es)) & 0xFF));
+        plan.next_above = row(table.next_above);
         plan.lowest_exponent = set1_byte(std::max(1, 129 - F::exponent_bias + es));
-        plan.usable = es >= -126 + F::exponent_bias + F::mantissa_bits;
+        plan.usable = table.fraction[slot] == fraction && es >= -126 + F::exponent_bias + F::mantissa_bits;
     }
     /// The FP8 codes of 32 bf16 values at p by their row's plan into dst, if every value is 0, a
     /// bf16 subnormal or at least the plan's lowest exponent (else nothing is written: false).
     template <bool is_e4m3>
     static bool fp8_codes32_by_thresholds(const char *p, const fp8_thresholds<is_e4m3> &plan, char *dst) {
-        constexpr int mantissa_bits = fp8_format<is_e4m3>::mantissa_bits, steps = 1 << mantissa_bits;
+        constexpr int mantissa_bits = fp8_format<is_e4m3>::mantissa_bits;
         const ireg a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)),
                    b = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p + 32));
         const ireg mantissa = _mm256_set1_epi16(0x7F), magnitude = _mm256_set1_epi16(0x7FFF);
@@ -529,17 +554,12 @@ template <> struct codec<avx2_f32> : avx2_f32 {
         ireg scaled = exponents; // times 2^mantissa_bits, mod 256
         for (int k = 0; k < mantissa_bits; ++k)
             scaled = _mm256_add_epi8(scaled, scaled);
-        // The compares' -1s in two chains: `codes` subtracts the odd ones, `crossed` adds the even.
-        ireg codes = _mm256_add_epi8(scaled, plan.constant),
-             crossed = _mm256_cmpgt_epi8(mantissas, plan.above[0]);
-#pragma GCC unroll 8
-        for (int j = 1; j < steps; j += 2) {
-            codes = _mm256_sub_epi8(codes, _mm256_cmpgt_epi8(mantissas, plan.above[j]));
-            if (j + 1 < steps)
-                crossed = _mm256_add_epi8(crossed, _mm256_cmpgt_epi8(mantissas, plan.above[j + 1]));
-        }
-        codes = _mm256_andnot_si256(tiny, _mm256_sub_epi8(codes, crossed));
-        _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst), with_signs_in_order(codes, a, b));
+        const ireg group = _mm256_and_si256(_mm256_srli_epi16(mantissas, 3), set1_byte(0x0F));
+        const ireg codes =
+                _mm256_sub_epi8(_mm256_add_epi8(scaled, _mm256_shuffle_epi8(plan.first_code, group)),
+                                _mm256_cmpgt_epi8(mantissas, _mm256_shuffle_epi8(plan.next_above, group)));
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst),
+                            with_signs_in_order(_mm256_andnot_si256(tiny, codes), a, b));
         return true;
     }
     static constexpr bool signs_from_16bit = false; // no mask registers: signs from the quotients
