@@ -84,7 +84,7 @@ enum class words_known { any, bf16, bf16_within_scale };
 // and adds: no division and no f32 lanes (x64:avx2 on Zen 3, 16 rows of 128 in L1, TSC cycles
 // per 32 codes: e4m3 16.8 by the division, 15.4 by per-row plans of f64 ceilings and a compare per
 // threshold, 10.6 by the table; e5m2 17.0, 11.9, 10.0). Rows with another scale take the division
-// path, and so do 32 values holding one below the row's lowest exponent (whose code would not be
+// path, and so do rows holding a value below the row's lowest exponent (whose code would not be
 // normal); zeros and bf16 subnormals are code 0 (with their sign) where the scale
 // is at least 2^(-126 + exponent_bias + mantissa_bits), else the whole row takes the division path.
 // Checked against the division path for every finite bf16 amax and every bf16 value of either sign
@@ -535,10 +535,11 @@ template <> struct codec<avx2_f32> : avx2_f32 {
         plan.lowest_exponent = set1_byte(std::max(1, 129 - F::exponent_bias + es));
         plan.usable = table.fraction[slot] == fraction && es >= -126 + F::exponent_bias + F::mantissa_bits;
     }
-    /// The FP8 codes of 32 bf16 values at p by their row's plan into dst, if every value is 0, a
-    /// bf16 subnormal or at least the plan's lowest exponent (else nothing is written: false).
+    /// The FP8 codes of 32 bf16 values at p by their row's plan into dst; correct if every value is
+    /// 0, a bf16 subnormal or at least the plan's lowest exponent, which the returned bytes say
+    /// (all zero). Checked once a row rather than per 32: the division path then redoes the row.
     template <bool is_e4m3>
-    static bool fp8_codes32_by_thresholds(const char *p, const fp8_thresholds<is_e4m3> &plan, char *dst) {
+    static ireg fp8_codes32_by_thresholds(const char *p, const fp8_thresholds<is_e4m3> &plan, char *dst) {
         constexpr int mantissa_bits = fp8_format<is_e4m3>::mantissa_bits;
         const ireg a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)),
                    b = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p + 32));
@@ -549,8 +550,6 @@ template <> struct codec<avx2_f32> : avx2_f32 {
         const ireg exponents = _mm256_packus_epi16(_mm256_srli_epi16(_mm256_and_si256(a, magnitude), 7),
                                                    _mm256_srli_epi16(_mm256_and_si256(b, magnitude), 7));
         const ireg tiny = _mm256_cmpeq_epi8(exponents, _mm256_setzero_si256()); // zeros, subnormals
-        const ireg below = _mm256_subs_epu8(plan.lowest_exponent, _mm256_max_epu8(exponents, tiny));
-        if (!_mm256_testz_si256(below, below)) return false;
         ireg scaled = exponents; // times 2^mantissa_bits, mod 256
         for (int k = 0; k < mantissa_bits; ++k)
             scaled = _mm256_add_epi8(scaled, scaled);
@@ -560,7 +559,7 @@ template <> struct codec<avx2_f32> : avx2_f32 {
                                 _mm256_cmpgt_epi8(mantissas, _mm256_shuffle_epi8(plan.next_above, group)));
         _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst),
                             with_signs_in_order(_mm256_andnot_si256(tiny, codes), a, b));
-        return true;
+        return _mm256_subs_epu8(plan.lowest_exponent, _mm256_max_epu8(exponents, tiny)); // below it
     }
     static constexpr bool signs_from_16bit = false; // no mask registers: signs from the quotients
     /// amax_16bit of 16 rows `stride` bytes apart into out[16]; whether all their values are
@@ -748,8 +747,8 @@ inline void prefetch_row(const char *row, dim bytes) {
 
 /// encode_rows_fp8 of 16 finite bf16 rows with per-token scales (n a multiple of 32) by the threshold
 /// encoder (see fp8_threshold_bounds): the rows' plans first, independent of each other, then
-/// their codes 32 at a time, each 32 the plan cannot take by the division, and rows the plan cannot
-/// take at all by encode_fp8_loaded.
+/// their codes 32 at a time, rows holding a value the plan cannot take again by the division, and
+/// rows whose plan is not usable by encode_fp8_loaded.
 template <typename C, bool is_e4m3>
 void encode_bf16_rows_by_thresholds(const char *src, dim stride, dim n, const float *scales, char *dst,
                                     const char *next) {
@@ -767,8 +766,11 @@ void encode_bf16_rows_by_thresholds(const char *src, dim stride, dim n, const fl
                     [&](dim i) { return C::load_bf16(in + 2 * i); }, n, scales[j], out, in);
             continue;
         }
+        __m256i below = _mm256_setzero_si256();
         for (dim i = 0; i < n; i += 32)
-            if (!C::fp8_codes32_by_thresholds(in + 2 * i, plans[j], out + i))
+            below = _mm256_or_si256(below, C::fp8_codes32_by_thresholds(in + 2 * i, plans[j], out + i));
+        if (!_mm256_testz_si256(below, below))
+            for (dim i = 0; i < n; i += 32)
                 _mm256_storeu_si256(
                         reinterpret_cast<__m256i *>(out + i),
                         C::template fp8_codes32_bf16<is_e4m3, false, true>(in + 2 * i, C::set1(divisor)));
