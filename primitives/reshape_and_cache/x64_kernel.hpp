@@ -114,7 +114,7 @@ template <bool is_e4m3> constexpr fp8_threshold_bounds<is_e4m3> fp8_threshold_bo
 // holds one significand or none, and another scale takes the division path.
 template <bool is_e4m3> struct fp8_threshold_table {
     static constexpr int count = fp8_threshold_bounds<is_e4m3>::count;
-    uint32_t fraction[256]; // the 23 fraction bits of the slot's significand (never all ones if none)
+    uint32_t fraction[256]; // the 23 fraction bits of the slot's significand; all ones: none
     alignas(16) int8_t crossed[256][16];
     alignas(16) int8_t next_above[256][16];
     constexpr fp8_threshold_table() : fraction(), crossed(), next_above() {
