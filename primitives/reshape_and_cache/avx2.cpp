@@ -9,16 +9,10 @@ void encode_row_avx2(const float *src, int64_t n, float scale, data_type dt, voi
     x64_rac::encode_row_any<avx2_f32>(src, n, scale, dt, dst);
 }
 
-bool threshold_encoder_takes_avx2(float scale, data_type dt) {
+bool threshold_table_holds_avx2(float scale, data_type dt) {
     using C = x64_rac::codec<avx2_f32>;
-    if (dt == data_type::f8_e4m3) {
-        C::fp8_thresholds<true> plan;
-        C::fp8_threshold_plan(scale, plan);
-        return plan.usable;
-    }
-    C::fp8_thresholds<false> plan;
-    C::fp8_threshold_plan(scale, plan);
-    return plan.usable;
+    return dt == data_type::f8_e4m3 ? C::fp8_threshold_table_holds<true>(scale)
+                                    : C::fp8_threshold_table_holds<false>(scale);
 }
 
 const reshape_and_cache_implementation reshape_and_cache_avx2 = { "x64:avx2", cpu_isa::avx2,

@@ -25,7 +25,7 @@ row_encoder reshape_and_cache_row_encoder(cpu_isa isa) {
 
 threshold_scale_check reshape_and_cache_threshold_scale_check() {
 #if PAGEDATTN_X64
-    return threshold_encoder_takes_avx2;
+    return threshold_table_holds_avx2;
 #else
     return nullptr;
 #endif

@@ -53,11 +53,11 @@ using row_encoder = void (*)(const float *src, int64_t n, float scale, data_type
 /// built with them (PAGEDATTN_ENABLE_X64); else null. The caller checks that the host runs them.
 row_encoder reshape_and_cache_row_encoder(cpu_isa isa);
 
-/// Whether x64:avx2's threshold encoder takes bf16 rows with this per-token scale into cache type
-/// dt (FP8), else its division path does: for the tests. Defined in avx2.cpp.
-bool threshold_encoder_takes_avx2(float scale, data_type dt);
+/// Whether x64:avx2's threshold encoder has the thresholds of this scale for cache type dt (FP8)
+/// made at compile time (else it makes them as it encodes): for the tests. Defined in avx2.cpp.
+bool threshold_table_holds_avx2(float scale, data_type dt);
 using threshold_scale_check = bool (*)(float scale, data_type dt);
-/// threshold_encoder_takes_avx2 when the library was built with the x64 kernels, else null.
+/// threshold_table_holds_avx2 when the library was built with the x64 kernels, else null.
 threshold_scale_check reshape_and_cache_threshold_scale_check();
 
 } // namespace detail

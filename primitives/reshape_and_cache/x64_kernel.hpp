@@ -53,7 +53,8 @@ namespace x64_rac {
 template <bool is_e4m3> struct fp8_format {
     static constexpr int mantissa_bits = is_e4m3 ? 3 : 2;
     static constexpr int nan_code = is_e4m3 ? 0x7F : 0x7E;
-    static constexpr int drop = 23 - mantissa_bits; // f32 mantissa bits below the format's
+    static constexpr int largest_code = is_e4m3 ? 0x7E : 0x7B; // the largest finite value's
+    static constexpr int drop = 23 - mantissa_bits;            // f32 mantissa bits below the format's
     static constexpr int exponent_bias = is_e4m3 ? 7 : 15;
     // The largest finite value in the f16 domain of the encoder (e4m3 times 2^-8).
     static constexpr float max_f16_domain = is_e4m3 ? 448.f / 256.f : 57344.f;
@@ -106,14 +107,32 @@ template <bool is_e4m3> struct fp8_threshold_bounds {
 };
 template <bool is_e4m3> constexpr fp8_threshold_bounds<is_e4m3> fp8_threshold_bounds_of {};
 
-// The thresholds of the 128 scale significands that per-token scales of bf16 rows have (amax / 448
-// and amax / 57344 share them: 57344 is 448 x 2^7), as fp8_codes32_by_thresholds reads them, made
-// at compile time: per group h of 8 mantissas (m >> 3) the bounds that 8h crosses, and the
-// threshold less one that a later m of the group may pass (thresholds lie at least 7 apart: at
-// most one per group), else 127. A scale's slot is its significand's top 8 fraction bits; a slot
-// holds one significand or none, and another scale takes the division path.
+// The thresholds of a scale significand ms, as fp8_codes32_by_thresholds reads them: per group h
+// of 8 mantissas (m >> 3) the bounds that 8h crosses, and the threshold less one that a later m of
+// the group may pass (thresholds lie at least 7 apart: at most one per group), else 127.
+template <bool is_e4m3>
+constexpr void fp8_threshold_groups(double ms, int8_t (&crossed)[16], int8_t (&next_above)[16]) {
+    constexpr int count = fp8_threshold_bounds<is_e4m3>::count;
+    // Bound i times 64 ms (exact, never an integer) rounded up, less 129, as bytes saturated
+    int above[count] = {};
+    for (int i = 0; i < count; ++i) {
+        const int t = static_cast<int>(fp8_threshold_bounds_of<is_e4m3>.bound[i] * 64.0 * ms) + 1 - 129;
+        above[i] = t < -128 ? -128 : t > 127 ? 127 : t;
+    }
+    int before = 0;
+    for (int h = 0; h < 16; ++h) {
+        while (before < count && above[before] < 8 * h)
+            ++before;
+        crossed[h] = static_cast<int8_t>(before);
+        next_above[h] = static_cast<int8_t>(before < count ? above[before] : 127);
+    }
+}
+
+// fp8_threshold_groups of the 128 scale significands that per-token scales of bf16 rows have (amax
+// / 448 and amax / 57344 share them: 57344 is 448 x 2^7), made at compile time. A scale's slot is
+// its significand's top 8 fraction bits; a slot holds one significand or none. (Other scales,
+// per-tensor and per-head ones, have theirs made as a group of rows is encoded.)
 template <bool is_e4m3> struct fp8_threshold_table {
-    static constexpr int count = fp8_threshold_bounds<is_e4m3>::count;
     uint32_t fraction[256]; // the 23 fraction bits of the slot's significand; all ones: none
     alignas(16) int8_t crossed[256][16];
     alignas(16) int8_t next_above[256][16];
@@ -128,24 +147,18 @@ template <bool is_e4m3> struct fp8_threshold_table {
             if (fraction[slot] != 0xFFFFFFFF)
                 throw "two significands in one slot"; // (not constant: fails to compile)
             fraction[slot] = bits;
-            // Bound i times 64 ms (exact, never an integer) rounded up, less 129, as bytes saturated
-            int above[count] = {};
-            for (int i = 0; i < count; ++i) {
-                const int t =
-                        static_cast<int>(fp8_threshold_bounds_of<is_e4m3>.bound[i] * 64.0 * ms) + 1 - 129;
-                above[i] = t < -128 ? -128 : t > 127 ? 127 : t;
-            }
-            for (int h = 0; h < 16; ++h) {
-                int before = 0;
-                while (before < count && above[before] < 8 * h)
-                    ++before;
-                crossed[slot][h] = static_cast<int8_t>(before);
-                next_above[slot][h] = static_cast<int8_t>(before < count ? above[before] : 127);
-            }
+            fp8_threshold_groups<is_e4m3>(ms, crossed[slot], next_above[slot]);
         }
     }
 };
 template <bool is_e4m3> constexpr fp8_threshold_table<is_e4m3> fp8_threshold_table_of {};
+// fp8_threshold_groups at run time: not inlined, where GCC 12 warned of writes past the arrays that
+// its loop bounds rule out (-Wstringop-overflow); once a group of rows at most.
+template <bool is_e4m3>
+__attribute__((noinline)) void fp8_threshold_groups_of(uint32_t fraction, int8_t (&crossed)[16],
+                                                       int8_t (&next_above)[16]) {
+    fp8_threshold_groups<is_e4m3>(1.0 + fraction * 0x1p-23, crossed, next_above);
+}
 
 // Per-ISA encoders over the f32 vector type; specialised below.
 template <typename V> struct codec;
@@ -512,9 +525,16 @@ template <> struct codec<avx2_f32> : avx2_f32 {
     /// group may pass (at most one does: they lie at least 7 apart), else 127. In every byte the
     /// lowest exponent field whose whole binade codes normally; whether the row may take it at all.
     template <bool is_e4m3> struct fp8_thresholds {
-        ireg first_code, next_above, lowest_exponent;
+        ireg first_code, next_above, lowest_exponent, highest_exponent;
         bool usable;
     };
+    /// Whether fp8_threshold_table holds the thresholds of `scale` (for the tests).
+    template <bool is_e4m3> static bool fp8_threshold_table_holds(float scale) {
+        uint32_t bits;
+        std::memcpy(&bits, &scale, sizeof bits);
+        const uint32_t fraction = bits & 0x007FFFFF;
+        return fp8_threshold_table_of<is_e4m3>.fraction[fraction >> 15] == fraction;
+    }
     static constexpr bool has_threshold_encoder = true;
     template <bool is_e4m3> static void fp8_threshold_plan(float scale, fp8_thresholds<is_e4m3> &plan) {
         using F = fp8_format<is_e4m3>;
@@ -524,21 +544,32 @@ template <> struct codec<avx2_f32> : avx2_f32 {
         const int es = static_cast<int>(bits >> 23 & 0xFF) - 127;
         const uint32_t fraction = bits & 0x007FFFFF;
         const uint32_t slot = fraction >> 15;
-        auto row = [&](const int8_t(&bytes)[256][16]) {
-            return _mm256_broadcastsi128_si256(
-                    _mm_load_si128(reinterpret_cast<const __m128i *>(bytes[slot])));
+        auto row = [&](const int8_t *bytes) {
+            return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(bytes)));
         };
-        const int code_of_one = F::exponent_bias << F::mantissa_bits;
-        plan.first_code = _mm256_add_epi8(
-                row(table.crossed), set1_byte((code_of_one - (1 << F::mantissa_bits) * (128 + es)) & 0xFF));
-        plan.next_above = row(table.next_above);
+        const int code_of_one = F::exponent_bias << F::mantissa_bits, steps = 1 << F::mantissa_bits;
+        const ireg constant = set1_byte((code_of_one - steps * (128 + es)) & 0xFF);
+        if (table.fraction[slot] == fraction) {
+            plan.first_code = _mm256_add_epi8(row(table.crossed[slot]), constant);
+            plan.next_above = row(table.next_above[slot]);
+        } else {
+            int8_t crossed[16], next_above[16];
+            fp8_threshold_groups_of<is_e4m3>(fraction, crossed, next_above);
+            plan.first_code = _mm256_add_epi8(row(crossed), constant);
+            plan.next_above = row(next_above);
+        }
         plan.lowest_exponent = set1_byte(std::max(1, 129 - F::exponent_bias + es));
-        plan.usable = table.fraction[slot] == fraction && es >= -126 + F::exponent_bias + F::mantissa_bits;
+        // Codes up to 255 (the bounds crossed: at most 2 x steps) before the clamp at the largest
+        const int highest = 128 + es + (255 - code_of_one - 2 * steps) / steps;
+        plan.highest_exponent = set1_byte(std::min(254, highest));
+        plan.usable = es >= -126 + F::exponent_bias + F::mantissa_bits;
     }
     /// The FP8 codes of 32 bf16 values at p by their row's plan into dst; correct if every value is
     /// 0, a bf16 subnormal or at least the plan's lowest exponent, which the returned bytes say
     /// (all zero). Checked once a row rather than per 32: the division path then redoes the row.
-    template <bool is_e4m3>
+    /// Values not known to be within their scale (`within_scale` false) are clamped at the largest
+    /// code, and must also be at most the plan's highest exponent (NaN and infinity are not).
+    template <bool is_e4m3, bool within_scale = true>
     static ireg fp8_codes32_by_thresholds(const char *p, const fp8_thresholds<is_e4m3> &plan, char *dst) {
         constexpr int mantissa_bits = fp8_format<is_e4m3>::mantissa_bits;
         const ireg a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)),
@@ -554,12 +585,17 @@ template <> struct codec<avx2_f32> : avx2_f32 {
         for (int k = 0; k < mantissa_bits; ++k)
             scaled = _mm256_add_epi8(scaled, scaled);
         const ireg group = _mm256_and_si256(_mm256_srli_epi16(mantissas, 3), set1_byte(0x0F));
-        const ireg codes =
+        ireg codes =
                 _mm256_sub_epi8(_mm256_add_epi8(scaled, _mm256_shuffle_epi8(plan.first_code, group)),
                                 _mm256_cmpgt_epi8(mantissas, _mm256_shuffle_epi8(plan.next_above, group)));
+        ireg outside = _mm256_subs_epu8(plan.lowest_exponent, _mm256_max_epu8(exponents, tiny)); // below it
+        if constexpr (!within_scale) {
+            codes = _mm256_min_epu8(codes, set1_byte(fp8_format<is_e4m3>::largest_code));
+            outside = _mm256_or_si256(outside, _mm256_subs_epu8(exponents, plan.highest_exponent));
+        }
         _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst),
                             with_signs_in_order(_mm256_andnot_si256(tiny, codes), a, b));
-        return _mm256_subs_epu8(plan.lowest_exponent, _mm256_max_epu8(exponents, tiny)); // below it
+        return outside;
     }
     static constexpr bool signs_from_16bit = false; // no mask registers: signs from the quotients
     /// amax_16bit of 16 rows `stride` bytes apart into out[16]; whether all their values are
@@ -745,35 +781,40 @@ inline void prefetch_row(const char *row, dim bytes) {
         _mm_prefetch(row + byte, _MM_HINT_T0);
 }
 
-/// encode_rows_fp8 of 16 finite bf16 rows with per-token scales (n a multiple of 32) by the threshold
-/// encoder (see fp8_threshold_bounds): the rows' plans first, independent of each other, then
+/// encode_rows_fp8 of 16 bf16 rows (n a multiple of 32) by the threshold encoder (see
+/// fp8_threshold_bounds): the rows' plans first, independent of each other (a row whose scale is
+/// its predecessor's, as in a group with a per-tensor or per-head scale, shares its plan), then
 /// their codes 32 at a time, rows holding a value the plan cannot take again by the division, and
-/// rows whose plan is not usable by encode_fp8_loaded.
-template <typename C, bool is_e4m3>
+/// rows whose plan is not usable by encode_fp8_loaded. `within_scale`: finite rows with per-token
+/// scales (words_known::bf16_within_scale), else any bf16 words (words_known::bf16).
+template <typename C, bool is_e4m3, bool within_scale>
 void encode_bf16_rows_by_thresholds(const char *src, dim stride, dim n, const float *scales, char *dst,
                                     const char *next) {
+    constexpr words_known known = within_scale ? words_known::bf16_within_scale : words_known::bf16;
     typename C::template fp8_thresholds<is_e4m3> plans[packed_group];
     for (dim j = 0; j < packed_group; ++j)
-        C::fp8_threshold_plan(scales[j], plans[j]);
+        if (j > 0 && !within_scale && scales[j] == scales[j - 1])
+            plans[j] = plans[j - 1];
+        else
+            C::fp8_threshold_plan(scales[j], plans[j]);
     for (dim j = 0; j < packed_group; ++j) {
         const char *in = src + j * stride;
         char *out = dst + j * n;
         if (next) prefetch_row(next + j * stride, 2 * n);
-        // (per-token scales are at most the largest bf16 / 448: their 2^8 multiple is finite)
-        const float divisor = is_e4m3 ? scales[j] * 256.f : scales[j];
-        if (!plans[j].usable || !(divisor <= FLT_MAX)) {
-            encode_fp8_loaded<C, is_e4m3, words_known::bf16_within_scale>(
-                    [&](dim i) { return C::load_bf16(in + 2 * i); }, n, scales[j], out, in);
+        auto by_division = [&] {
+            encode_fp8_loaded<C, is_e4m3, known>([&](dim i) { return C::load_bf16(in + 2 * i); }, n,
+                                                 scales[j], out, in);
+        };
+        // (scales whose 2^8 multiple overflows: the division path divides by themselves)
+        if (!plans[j].usable || !(scales[j] * 256.f <= FLT_MAX)) {
+            by_division();
             continue;
         }
-        __m256i below = _mm256_setzero_si256();
+        __m256i outside = _mm256_setzero_si256();
         for (dim i = 0; i < n; i += 32)
-            below = _mm256_or_si256(below, C::fp8_codes32_by_thresholds(in + 2 * i, plans[j], out + i));
-        if (!_mm256_testz_si256(below, below))
-            for (dim i = 0; i < n; i += 32)
-                _mm256_storeu_si256(
-                        reinterpret_cast<__m256i *>(out + i),
-                        C::template fp8_codes32_bf16<is_e4m3, false, true>(in + 2 * i, C::set1(divisor)));
+            outside = _mm256_or_si256(outside, C::template fp8_codes32_by_thresholds<is_e4m3, within_scale>(
+                                                       in + 2 * i, plans[j], out + i));
+        if (!_mm256_testz_si256(outside, outside)) by_division();
     }
 }
 
@@ -785,9 +826,17 @@ template <typename C>
 void encode_rows_fp8(const char *src, dim stride, data_type in_type, dim n, const float *scales, bool is_e4m3,
                      bool within_scale, char *dst, const char *next) {
     if constexpr (C::has_threshold_encoder)
-        if (within_scale && in_type == data_type::bf16 && n % 32 == 0) {
-            is_e4m3 ? encode_bf16_rows_by_thresholds<C, true>(src, stride, n, scales, dst, next)
-                    : encode_bf16_rows_by_thresholds<C, false>(src, stride, n, scales, dst, next);
+        if (in_type == data_type::bf16 && n % 32 == 0) {
+            auto encode = [&](auto format, auto within) {
+                encode_bf16_rows_by_thresholds<C, decltype(format)::value, decltype(within)::value>(
+                        src, stride, n, scales, dst, next);
+            };
+            if (is_e4m3)
+                within_scale ? encode(std::true_type(), std::true_type())
+                             : encode(std::true_type(), std::false_type());
+            else
+                within_scale ? encode(std::false_type(), std::true_type())
+                             : encode(std::false_type(), std::false_type());
             return;
         }
     dispatch_fp8_encoder<C>(in_type, is_e4m3, within_scale, [&](auto format, auto load, auto known) {
