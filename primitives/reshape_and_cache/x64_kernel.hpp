@@ -10,8 +10,8 @@
 //     (fp8_grid_f16), 32 values per store (encode_fp8_divided, one template over
 //     both codecs); x64:avx2 takes bf16 words' codes from the addition's bits instead
 //     (fp8_biased_code32); whole groups of finite bf16 rows with per-token scales need neither the
-//     saturation nor the NaN step (words_known), and x64:avx2 encodes them without the division,
-//     by per-row thresholds on their bits (fp8_threshold_bounds);
+//     saturation nor the NaN step (words_known), and x64:avx2 encodes whole groups of bf16 rows
+//     without the division, by per-row thresholds on their bits (fp8_threshold_bounds);
 //   - bf16: integer round-to-nearest-even, NaN quieted (bits >> 16 | 0x40); f16: vcvtps2ph in
 //     nearest-even mode, whose NaN (sign | 0x7E00 | payload >> 13) and overflow (>= 65520 to inf)
 //     match f32_to_f16; f32: stored as is, with a signalling NaN quieted like the reference's
@@ -66,7 +66,7 @@ template <bool is_e4m3> struct fp8_format {
 // grid rounds back to it: no clamp and no NaN to make canonical.
 enum class words_known { any, bf16, bf16_within_scale };
 
-// The threshold encoder of bf16 rows with per-token scales (words_known::bf16_within_scale, x64:avx2).
+// The threshold encoder of whole groups of bf16 rows (x64:avx2).
 // A bf16 magnitude is (1 + m/128) 2^(e - 127), m its 7 mantissa bits, e its exponent field; by a
 // scale s = ms 2^es (ms in [1, 2)) its quotient is q(m) 2^(e - 128 - es) with q(m) = (128 + m) /
 // (64 ms), in (1, 4). Where the codes are normal, a factor of 2 adds 2^mantissa_bits to the code, so
@@ -84,12 +84,15 @@ enum class words_known { any, bf16, bf16_within_scale };
 // then two byte look-ups by m >> 3 (the group's first code, the threshold within it), a compare
 // and adds: no division and no f32 lanes (x64:avx2 on Zen 3, 16 rows of 128 in L1, TSC cycles
 // per 32 codes: e4m3 16.8 by the division, 15.4 by per-row plans of f64 ceilings and a compare per
-// threshold, 10.6 by the table; e5m2 17.0, 11.9, 10.0). Rows with another scale take the division
-// path, and so do rows holding a value below the row's lowest exponent (whose code would not be
-// normal); zeros and bf16 subnormals are code 0 (with their sign) where the scale
-// is at least 2^(-126 + exponent_bias + mantissa_bits), else the whole row takes the division path.
-// Checked against the division path for every finite bf16 amax and every bf16 value of either sign
-// up to it (1.1e9 values per format, bit for bit).
+// threshold, 10.6 by the table; e5m2 17.0, 11.9, 10.0). Other scales (per-tensor, per-head: one
+// for the group's rows) have their thresholds made once per group. Rows with values beyond their
+// scale (not per-token scales) get codes clamped at the largest; where a value's exponent is so
+// large that the byte arithmetic would wrap (NaN and infinity among them), or below the row's
+// lowest exponent (whose code would not be normal), the division path redoes the row. Zeros and
+// bf16 subnormals are code 0 (with their sign) where the scale is at least 2^(-126 +
+// exponent_bias + mantissa_bits), else the whole row takes the division path. Checked against the
+// division path for every finite bf16 amax and every bf16 value of either sign up to it (1.1e9
+// values per format), and for every bf16 word by 20000 scales (1.3e9), bit for bit.
 template <bool is_e4m3> struct fp8_threshold_bounds {
     static constexpr int count = 2 << fp8_format<is_e4m3>::mantissa_bits;
     // Bound i, between the codes of 1.0 plus i and plus i + 1 (values in [1, 4)), in units of q.
@@ -153,7 +156,8 @@ template <bool is_e4m3> struct fp8_threshold_table {
 };
 template <bool is_e4m3> constexpr fp8_threshold_table<is_e4m3> fp8_threshold_table_of {};
 // fp8_threshold_groups at run time: not inlined, where GCC 12 warned of writes past the arrays that
-// its loop bounds rule out (-Wstringop-overflow); once a group of rows at most.
+// its loop bounds rule out (-Wstringop-overflow); once per group of rows with a per-tensor or
+// per-head scale.
 template <bool is_e4m3>
 __attribute__((noinline)) void fp8_threshold_groups_of(uint32_t fraction, int8_t (&crossed)[16],
                                                        int8_t (&next_above)[16]) {
