@@ -22,6 +22,8 @@
 // --scales per-token: the FP8 attention cases read one f32 scale per cached token and kv head for K
 // and for V, as reshape_and_cache's dynamic scales write them (the demo's cache); their cache column
 // says so and their GB/s count the scales' bytes. By default FP8 caches have no scales (1).
+// reshape writes e4m3 with per-token scales and, as "f8_e4m3/tensor", with one per-tensor scale for K
+// and V each.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -416,9 +418,10 @@ struct attention_case {
     }
 };
 
-// The cache column's width: wider for "f8_e4m3/token" (--scales per-token).
+// The cache column's width: wider for "f8_e4m3/token" (--scales per-token) and reshape's
+// "f8_e4m3/tensor".
 int cache_column(const config &cfg) {
-    return cfg.per_token_scales ? 13 : 8;
+    return cfg.wants("reshape") ? 14 : cfg.per_token_scales ? 13 : 8;
 }
 
 void print_row(const config &cfg, const row &r) {
@@ -590,7 +593,8 @@ void run_attention(config &cfg) {
 }
 
 // reshape_and_cache of `tokens` bf16 keys and values into a cache of type dt (FP8 with per-token
-// scales, computed from each row as vLLM's dynamic scales are).
+// scales, computed from each row as vLLM's dynamic scales are, or with `per_tensor_scale`, one given
+// scale for K and V each, as vLLM's k_scale and v_scale).
 struct reshape_case {
     static constexpr dim hkv = 8, d = 128, bs = 128;
     dim tokens, blocks;
@@ -602,15 +606,17 @@ struct reshape_case {
     exec_args args;
 
     // key, value: at least `tokens` rows; slots: 0, 1, ...
+    bool per_tensor;
+
     reshape_case(dim tokens_, data_type dt, const big_array<uint16_t> &key, const big_array<uint16_t> &value,
-                 const std::vector<int64_t> &slots, bool huge_pages, cpu_isa cap)
-        : tokens(tokens_), blocks((tokens_ + bs - 1) / bs), cache_type(dt) {
+                 const std::vector<int64_t> &slots, bool huge_pages, cpu_isa cap, float per_tensor_scale = 0)
+        : tokens(tokens_), blocks((tokens_ + bs - 1) / bs), cache_type(dt), per_tensor(per_tensor_scale > 0) {
         dnnl::engine eng(dnnl::engine::kind::cpu, 0);
         primitive_attr attr;
         attr.set_max_cpu_isa(cap);
         if (data_type_size(dt) == 1) {
-            attr.set_scales_mask(ARG_K_CACHE, scales_per_token);
-            attr.set_scales_mask(ARG_V_CACHE, scales_per_token);
+            attr.set_scales_mask(ARG_K_CACHE, per_tensor ? scales_per_tensor : scales_per_token);
+            attr.set_scales_mask(ARG_V_CACHE, per_tensor ? scales_per_tensor : scales_per_token);
         }
         const tensor_desc kv({ runtime_dim, hkv, d }, data_type::bf16),
                 cache({ blocks, hkv, bs, d }, dt, layout::any);
@@ -619,8 +625,8 @@ struct reshape_case {
         const tensor_desc cmd = pd.query_md(ARG_K_CACHE);
         k_cache = big_array<uint8_t>(cmd.get_size(), huge_pages);
         v_cache = big_array<uint8_t>(cmd.get_size(), huge_pages);
-        k_scales.resize(static_cast<size_t>(blocks * hkv * bs));
-        v_scales.resize(k_scales.size());
+        k_scales.assign(per_tensor ? 1 : static_cast<size_t>(blocks * hkv * bs), per_tensor_scale);
+        v_scales.assign(k_scales.size(), per_tensor_scale);
         args = { { ARG_KEY, tensor({ { tokens, hkv, d }, data_type::bf16 }, key.data()) },
                  { ARG_VALUE, tensor({ { tokens, hkv, d }, data_type::bf16 }, value.data()) },
                  { ARG_K_CACHE, tensor(cmd, k_cache.data()) },
@@ -628,14 +634,15 @@ struct reshape_case {
                  { ARG_SLOT_MAPPING,
                    tensor({ { tokens }, data_type::s64 }, const_cast<int64_t *>(slots.data())) } };
         if (data_type_size(dt) == 1) {
-            args[ARG_K_SCALES] = tensor({ { blocks, hkv, bs }, data_type::f32 }, k_scales.data());
-            args[ARG_V_SCALES] = tensor({ { blocks, hkv, bs }, data_type::f32 }, v_scales.data());
+            const dims scales_dims = per_tensor ? dims { 1 } : dims { blocks, hkv, bs };
+            args[ARG_K_SCALES] = tensor({ scales_dims, data_type::f32 }, k_scales.data());
+            args[ARG_V_SCALES] = tensor({ scales_dims, data_type::f32 }, v_scales.data());
         }
     }
-    // Bytes read (the bf16 rows) plus written (the cache and any scales).
+    // Bytes read (the bf16 rows) plus written (the cache and any per-token scales).
     double bytes() const {
         return 2.0 * tokens * hkv * d * (2 + data_type_size(cache_type)) +
-               (data_type_size(cache_type) == 1 ? 2.0 * tokens * hkv * 4 : 0);
+               (data_type_size(cache_type) == 1 && !per_tensor ? 2.0 * tokens * hkv * 4 : 0);
     }
 };
 
@@ -665,9 +672,11 @@ void run_reshape(config &cfg) {
                               value = reshape_input(tokens, 6, cfg.huge_pages);
     const std::vector<int64_t> slots = identity_slots(tokens);
     std::vector<reshape_case> cases;
-    cases.reserve(2);
+    cases.reserve(3);
     for (data_type dt : { data_type::bf16, data_type::f8_e4m3 })
         cases.emplace_back(tokens, dt, key, value, slots, cfg.huge_pages, cfg.cap);
+    // A calibrated scale's kind: no bf16 amax / 448 (the inputs' |x| are below 2: no saturation)
+    cases.emplace_back(tokens, data_type::f8_e4m3, key, value, slots, cfg.huge_pages, cfg.cap, 0.0046f);
     std::vector<std::function<void()>> runs;
     for (reshape_case &c : cases)
         runs.push_back([&c, &s] { c.primitive.execute(s, c.args); });
@@ -675,7 +684,7 @@ void run_reshape(config &cfg) {
     for (size_t i = 0; i < cases.size(); ++i) {
         const reshape_case &c = cases[i];
         row r { "reshape",
-                data_type_name(c.cache_type),
+                std::string(data_type_name(c.cache_type)) + (c.per_tensor ? "/tensor" : ""),
                 c.pd.impl_info_str(),
                 1,
                 tokens,
@@ -812,11 +821,16 @@ void run_cost(config &cfg) {
     const big_array<uint16_t> key = reshape_input(long_tokens, 5, cfg.huge_pages),
                               value = reshape_input(long_tokens, 6, cfg.huge_pages);
     const std::vector<int64_t> slots = identity_slots(long_tokens);
-    for (data_type dt : { data_type::bf16, data_type::f8_e4m3, data_type::f8_e5m2 }) {
+    // (per_tensor_scale 0: per-token scales; run_reshape's calibrated scale for "/tensor")
+    const std::pair<data_type, float> kinds[] = { { data_type::bf16, 0.f },
+                                                  { data_type::f8_e4m3, 0.f },
+                                                  { data_type::f8_e5m2, 0.f },
+                                                  { data_type::f8_e4m3, 0.0046f } };
+    for (const auto &[dt, per_tensor_scale] : kinds) {
         std::vector<reshape_case> cases;
         cases.reserve(2);
         for (dim tokens : { short_tokens, long_tokens })
-            cases.emplace_back(tokens, dt, key, value, slots, cfg.huge_pages, cfg.cap);
+            cases.emplace_back(tokens, dt, key, value, slots, cfg.huge_pages, cfg.cap, per_tensor_scale);
         std::vector<double> ns[2];
         time_two_alternating(
                 one_thread, 20, 400 * cfg.reps, [&](int i) { cases[i].primitive.execute(s, cases[i].args); },
@@ -824,9 +838,10 @@ void run_cost(config &cfg) {
         const double per_pair = (*std::min_element(ns[1].begin(), ns[1].end()) -
                                  *std::min_element(ns[0].begin(), ns[0].end())) /
                                 double((long_tokens - short_tokens) * reshape_case::hkv);
+        const std::string cache = std::string(data_type_name(dt)) + (per_tensor_scale > 0 ? "/tensor" : "");
         std::printf(
-                "cost     %-6s %-8s %-16s %7.2f ns %7.1f cycles per (token, kv head), %6.1f per 16 values\n",
-                "reshape", data_type_name(dt), cases[0].pd.impl_info_str(), per_pair, per_pair * clock,
+                "cost     %-6s %-14s %-16s %7.2f ns %7.1f cycles per (token, kv head), %6.1f per 16 values\n",
+                "reshape", cache.c_str(), cases[0].pd.impl_info_str(), per_pair, per_pair * clock,
                 per_pair * clock / 16);
     }
 }
