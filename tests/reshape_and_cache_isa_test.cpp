@@ -621,8 +621,8 @@ TEST(threshold_encoder, table_holds_every_per_token_scale_of_a_bf16_amax) {
 // where the encoders' quotients are far from f32's limits; tiny rows whose values are subnormal in f32
 // (amax 2^-110, 2^-118, 2^-126: the last two's scales are FLT_MIN, the floor of per-token scales)
 // and the largest finite amaxes (2^127). With per-tensor scales (K and V: 0.037 and 5.3, 1 and
-// 2^-20, 2^-100 and 3e4, 448 and 2e36): every bf16 word, NaNs and infinities included, saturating
-// codes among them.
+// 2^-20, 2^-100 and 3e4, 448 and 2e36) and per-head ones (8 around 0.037 and 5.3): every bf16
+// word, NaNs and infinities included, saturating codes among them.
 TEST(every_implementation_bf16_groups, every_value_within_its_token_scale_and_every_word) {
     for (data_type cache_dt : { data_type::f8_e4m3, data_type::f8_e5m2 }) {
         const std::vector<int> binades = { 0, -60, 60, -110, -118, -126, 127 };
@@ -676,22 +676,29 @@ TEST(every_implementation_bf16_groups, every_value_within_its_token_scale_and_ev
         dim t = 0;
         const inputs in = whole_group_inputs(every, shifted, t);
         // (2e36's 2^8 multiple overflows f32: the division path then divides by it)
-        for (const auto &scales : std::vector<std::pair<float, float>> {
-                     { 0.037f, 5.3f }, { 1.f, 0x1p-20f }, { 0x1p-100f, 3e4f }, { 448.f, 2e36f } }) {
+        struct scale_case {
+            int mask;
+            float k, v;
+        };
+        for (const scale_case &scales : { scale_case { scales_per_tensor, 0.037f, 5.3f },
+                                          scale_case { scales_per_tensor, 1.f, 0x1p-20f },
+                                          scale_case { scales_per_tensor, 0x1p-100f, 3e4f },
+                                          scale_case { scales_per_tensor, 448.f, 2e36f },
+                                          scale_case { scales_per_kv_head, 0.037f, 5.3f } }) {
             e2e_case c { cache_dt,
                          data_type::bf16,
                          data_type::bf16,
                          cache_kind::packed,
-                         scales_per_tensor,
-                         scales_per_tensor,
+                         scales.mask,
+                         scales.mask,
                          t,
                          8,
                          128,
                          32,
                          (t + 31) / 32,
                          true };
-            c.k_scale = scales.first;
-            c.v_scale = scales.second;
+            c.k_scale = scales.k;
+            c.v_scale = scales.v;
             SCOPED_TRACE(case_name(c) + " scales " + std::to_string(c.k_scale) + ", " +
                          std::to_string(c.v_scale));
             EXPECT_EQ(contains(compare_inputs_with_reference(c, in), "x64:avx2"), runs(cpu_isa::avx2));
