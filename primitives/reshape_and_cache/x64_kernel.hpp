@@ -527,7 +527,8 @@ template <> struct codec<avx2_f32> : avx2_f32 {
     /// indexed by a mantissa's group m >> 3: the code of the group's first mantissa (8 (m >> 3)) less
     /// 2^mantissa_bits (128 + es) (mod 256); the threshold less one that a later mantissa of the
     /// group may pass (at most one does: they lie at least 7 apart), else 127. In every byte the
-    /// lowest exponent field whose whole binade codes normally; whether the row may take it at all.
+    /// lowest exponent field whose whole binade codes normally, and the highest whose codes stay
+    /// below 256 before the clamp (rows not known within their scale); whether the row may take it.
     template <bool is_e4m3> struct fp8_thresholds {
         ireg first_code, next_above, lowest_exponent, highest_exponent;
         bool usable;
