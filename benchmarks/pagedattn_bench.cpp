@@ -605,9 +605,9 @@ struct reshape_case {
     std::vector<float> k_scales, v_scales;
     exec_args args;
 
-    // key, value: at least `tokens` rows; slots: 0, 1, ...
-    bool per_tensor;
+    bool per_tensor; // one scale for K and V each, else per-token scales
 
+    // key, value: at least `tokens` rows; slots: 0, 1, ...
     reshape_case(dim tokens_, data_type dt, const big_array<uint16_t> &key, const big_array<uint16_t> &value,
                  const std::vector<int64_t> &slots, bool huge_pages, cpu_isa cap, float per_tensor_scale = 0)
         : tokens(tokens_), blocks((tokens_ + bs - 1) / bs), cache_type(dt), per_tensor(per_tensor_scale > 0) {
