@@ -592,8 +592,9 @@ inputs whole_group_inputs(const std::vector<uint16_t> &key_words, const std::vec
 
 // x64:avx2's threshold encoder holds, made at compile time, the thresholds of every scale that
 // per-token scaling makes from a bf16 amax (FLT_MIN, the floor, among them), and makes those of
-// other scales (per-tensor, per-head) as it encodes. The codes are the same either way (the tests below): this
-// checks that the table is not silently missed, leaving per-token rows a plan to make per row.
+// other scales (per-tensor, per-head) as it encodes. The codes are the same either way (the tests
+// below): this checks that the table is not silently missed, leaving per-token rows a plan to make
+// per row.
 TEST(threshold_encoder, table_holds_every_per_token_scale_of_a_bf16_amax) {
     const detail::threshold_scale_check holds = detail::reshape_and_cache_threshold_scale_check();
     if (holds == nullptr) GTEST_SKIP() << "the library was built without the x64 kernels";
