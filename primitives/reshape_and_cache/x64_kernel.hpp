@@ -139,6 +139,8 @@ template <bool is_e4m3> struct fp8_threshold_table {
     uint32_t fraction[256]; // the 23 fraction bits of the slot's significand; all ones: none
     alignas(16) int8_t crossed[256][16];
     alignas(16) int8_t next_above[256][16];
+    static constexpr uint32_t slot(uint32_t fraction) { return fraction >> 15; }
+    constexpr bool holds(uint32_t f) const { return fraction[slot(f)] == f; }
     constexpr fp8_threshold_table() : fraction(), crossed(), next_above() {
         for (auto &f : fraction)
             f = 0xFFFFFFFF;
@@ -146,11 +148,11 @@ template <bool is_e4m3> struct fp8_threshold_table {
             float ms = (1.f + k / 128.f) / 448.f * 256.f; // rounded as at run time, then scaled exactly
             if (ms < 1.f) ms *= 2.f;
             const auto bits = static_cast<uint32_t>((ms - 1.f) * 8388608.f);
-            const uint32_t slot = bits >> 15;
-            if (fraction[slot] != 0xFFFFFFFF)
+            const uint32_t s = slot(bits);
+            if (fraction[s] != 0xFFFFFFFF)
                 throw "two significands in one slot"; // (not constant: fails to compile)
-            fraction[slot] = bits;
-            fp8_threshold_groups<is_e4m3>(ms, crossed[slot], next_above[slot]);
+            fraction[s] = bits;
+            fp8_threshold_groups<is_e4m3>(ms, crossed[s], next_above[s]);
         }
     }
 };
@@ -537,8 +539,7 @@ template <> struct codec<avx2_f32> : avx2_f32 {
     template <bool is_e4m3> static bool fp8_threshold_table_holds(float scale) {
         uint32_t bits;
         std::memcpy(&bits, &scale, sizeof bits);
-        const uint32_t fraction = bits & 0x007FFFFF;
-        return fp8_threshold_table_of<is_e4m3>.fraction[fraction >> 15] == fraction;
+        return fp8_threshold_table_of<is_e4m3>.holds(bits & 0x007FFFFF);
     }
     static constexpr bool has_threshold_encoder = true;
     template <bool is_e4m3> static void fp8_threshold_plan(float scale, fp8_thresholds<is_e4m3> &plan) {
@@ -547,14 +548,13 @@ template <> struct codec<avx2_f32> : avx2_f32 {
         uint32_t bits;
         std::memcpy(&bits, &scale, sizeof bits);
         const int es = static_cast<int>(bits >> 23 & 0xFF) - 127;
-        const uint32_t fraction = bits & 0x007FFFFF;
-        const uint32_t slot = fraction >> 15;
+        const uint32_t fraction = bits & 0x007FFFFF, slot = table.slot(fraction);
         auto row = [&](const int8_t *bytes) {
             return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(bytes)));
         };
         const int code_of_one = F::exponent_bias << F::mantissa_bits, steps = 1 << F::mantissa_bits;
         const ireg constant = set1_byte((code_of_one - steps * (128 + es)) & 0xFF);
-        if (table.fraction[slot] == fraction) {
+        if (table.holds(fraction)) {
             plan.first_code = _mm256_add_epi8(row(table.crossed[slot]), constant);
             plan.next_above = row(table.next_above[slot]);
         } else {
@@ -567,7 +567,8 @@ template <> struct codec<avx2_f32> : avx2_f32 {
         // Codes up to 255 (the bounds crossed: at most 2 x steps) before the clamp at the largest
         const int highest = 128 + es + (255 - code_of_one - 2 * steps) / steps;
         plan.highest_exponent = set1_byte(std::min(254, highest));
-        plan.usable = es >= -126 + F::exponent_bias + F::mantissa_bits;
+        // (scales whose 2^8 multiple overflows take the division path, which divides by themselves)
+        plan.usable = es >= -126 + F::exponent_bias + F::mantissa_bits && scale * 256.f <= FLT_MAX;
     }
     /// The FP8 codes of 32 bf16 values at p by their row's plan into dst; correct if every value is
     /// 0, a bf16 subnormal or at least the plan's lowest exponent, which the returned bytes say
@@ -810,8 +811,7 @@ void encode_bf16_rows_by_thresholds(const char *src, dim stride, dim n, const fl
             encode_fp8_loaded<C, is_e4m3, known>([&](dim i) { return C::load_bf16(in + 2 * i); }, n,
                                                  scales[j], out, in);
         };
-        // (scales whose 2^8 multiple overflows: the division path divides by themselves)
-        if (!plans[j].usable || !(scales[j] * 256.f <= FLT_MAX)) {
+        if (!plans[j].usable) {
             by_division();
             continue;
         }
@@ -832,16 +832,13 @@ void encode_rows_fp8(const char *src, dim stride, data_type in_type, dim n, cons
                      bool within_scale, char *dst, const char *next) {
     if constexpr (C::has_threshold_encoder)
         if (in_type == data_type::bf16 && n % 32 == 0) {
-            auto encode = [&](auto format, auto within) {
-                encode_bf16_rows_by_thresholds<C, decltype(format)::value, decltype(within)::value>(
-                        src, stride, n, scales, dst, next);
+            auto encode = [&](auto format) {
+                constexpr bool e4m3 = decltype(format)::value;
+                within_scale
+                        ? encode_bf16_rows_by_thresholds<C, e4m3, true>(src, stride, n, scales, dst, next)
+                        : encode_bf16_rows_by_thresholds<C, e4m3, false>(src, stride, n, scales, dst, next);
             };
-            if (is_e4m3)
-                within_scale ? encode(std::true_type(), std::true_type())
-                             : encode(std::true_type(), std::false_type());
-            else
-                within_scale ? encode(std::false_type(), std::true_type())
-                             : encode(std::false_type(), std::false_type());
+            is_e4m3 ? encode(std::true_type()) : encode(std::false_type());
             return;
         }
     dispatch_fp8_encoder<C>(in_type, is_e4m3, within_scale, [&](auto format, auto load, auto known) {
