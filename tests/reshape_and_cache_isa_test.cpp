@@ -517,12 +517,13 @@ TEST(every_implementation_edges, odd_head_sizes_and_token_counts) {
             }
 }
 
-// Slots as a prefill writes them: runs of consecutive slots, so that 16 tokens often fill a whole
-// 16-token group of a packed block (written together by the x64 kernel) and often do not: runs
-// starting mid-group and mid-block, a run crossing blocks, a group holding a skipped token, a
-// group holding a token whose slot a later token takes, and groups cut where the kernel's task of
-// 256 tokens ends. Every cache type, per-token and per-tensor scales for FP8.
-TEST(every_implementation_groups, consecutive_slots_fill_packed_groups) {
+// Slots as a prefill writes them: runs of consecutive slots, so that 16 tokens often take 16
+// consecutive slots of a block (written together by the x64 kernels: in a packed cache a whole
+// 16-token group, in a plain one any 16 rows of a block) and often do not: runs starting mid-group
+// and mid-block, a run crossing blocks, a group holding a skipped token, a group holding a token
+// whose slot a later token takes, and groups cut where the kernel's task of 256 tokens ends. Every
+// cache type, the packed layout and two plain ones, per-token and per-tensor scales for FP8.
+TEST(every_implementation_groups, consecutive_slots_fill_groups) {
     const dim bs = 32, t = 300;
     std::vector<int64_t> slots;
     for (dim i = 0; i < 40; ++i) // one sequence from the start of block 0
@@ -537,30 +538,35 @@ TEST(every_implementation_groups, consecutive_slots_fill_packed_groups) {
     const dim nb = (slots[t - 1] + bs) / bs + 1;
     // Inputs: bf16 keys and f32 values, head size 128 (32 reduced); f16 keys and bf16 values, head
     // size 48 (the 16-bit rows' vectors end part-way: 48 = 32 + 16); bf16 keys and values, head size
-    // 112 (80 reduced): a 64-dim part that x64:avx512 writes with 512-bit transposes, and the rest.
+    // 112 (80 reduced): a 64-dim part that x64:avx512 writes with 512-bit transposes, and the rest;
+    // plain caches only, bf16 keys and f16 values, head size 24 (x64:avx2's rows end in 8 words).
     struct inputs {
         data_type key, value;
         dim d;
     };
-    for (const inputs in : { inputs { data_type::bf16, data_type::f32, reduced() ? 32 : 128 },
-                             inputs { data_type::f16, data_type::bf16, 48 },
-                             inputs { data_type::bf16, data_type::bf16, reduced() ? 80 : 112 } })
-        for (data_type cache_dt :
-             { data_type::f32, data_type::bf16, data_type::f16, data_type::f8_e4m3, data_type::f8_e5m2 })
-            // FP8: per-token scales, and a per-tensor one that values exceed (saturating codes);
-            // inputs with NaN and inf, and without (no group needs its codes clamped).
-            for (int mask : detail::is_fp8(cache_dt)
-                                    ? std::vector<int> { scales_per_token, scales_per_tensor }
-                                    : std::vector<int> { -1 })
-                for (bool finite : { false, true }) {
-                    if (finite && !detail::is_fp8(cache_dt)) continue;
-                    e2e_case c { cache_dt, in.key, in.value, cache_kind::packed, mask, mask, t, 2, in.d,
-                                 bs,       nb,     false };
-                    c.finite = finite;
-                    SCOPED_TRACE(case_name(c));
-                    const std::vector<std::string> ran = compare_with_reference(c, 5u, &slots);
-                    EXPECT_EQ(contains(ran, "x64:avx2"), runs(cpu_isa::avx2));
-                }
+    for (cache_kind kind : { cache_kind::packed, cache_kind::nhd, cache_kind::hnd_padded })
+        for (const inputs in : { inputs { data_type::bf16, data_type::f32, reduced() ? 32 : 128 },
+                                 inputs { data_type::f16, data_type::bf16, 48 },
+                                 inputs { data_type::bf16, data_type::bf16, reduced() ? 80 : 112 },
+                                 inputs { data_type::bf16, data_type::f16, 24 } })
+            for (data_type cache_dt :
+                 { data_type::f32, data_type::bf16, data_type::f16, data_type::f8_e4m3, data_type::f8_e5m2 })
+                // FP8: per-token scales, and a per-tensor one that values exceed (saturating codes);
+                // inputs with NaN and inf, and without (no group needs its codes clamped).
+                for (int mask : detail::is_fp8(cache_dt)
+                                        ? std::vector<int> { scales_per_token, scales_per_tensor }
+                                        : std::vector<int> { -1 })
+                    for (bool finite : { false, true }) {
+                        if (finite && !detail::is_fp8(cache_dt)) continue;
+                        if (kind == cache_kind::packed && in.d % 16 != 0) continue;
+                        e2e_case c {
+                            cache_dt, in.key, in.value, kind, mask, mask, t, 2, in.d, bs, nb, false
+                        };
+                        c.finite = finite;
+                        SCOPED_TRACE(case_name(c));
+                        const std::vector<std::string> ran = compare_with_reference(c, 5u, &slots);
+                        EXPECT_EQ(contains(ran, "x64:avx2"), runs(cpu_isa::avx2));
+                    }
 }
 
 // bf16 rows of 128 values as a [T, 8, 128] input with slots 0 .. T - 1 (T a multiple of 16: every
@@ -623,7 +629,8 @@ TEST(threshold_encoder, table_holds_every_per_token_scale_of_a_bf16_amax) {
 // (amax 2^-110, 2^-118, 2^-126: the last two's scales are FLT_MIN, the floor of per-token scales)
 // and the largest finite amaxes (2^127). With per-tensor scales (K and V: 0.037 and 5.3, 1 and
 // 2^-20, 2^-100 and 3e4, 448 and 2e36) and per-head ones (8 around 0.037 and 5.3): every bf16
-// word, NaNs and infinities included, saturating codes among them.
+// word, NaNs and infinities included, saturating codes among them. Each in a packed cache and in a
+// plain one (token-major), whose groups' rows are encoded in place.
 TEST(every_implementation_bf16_groups, every_value_within_its_token_scale_and_every_word) {
     for (data_type cache_dt : { data_type::f8_e4m3, data_type::f8_e5m2 }) {
         const std::vector<int> binades = { 0, -60, 60, -110, -118, -126, 127 };
@@ -655,20 +662,22 @@ TEST(every_implementation_bf16_groups, every_value_within_its_token_scale_and_ev
                                 words.begin() + static_cast<std::ptrdiff_t>(r * 128 + 128));
             dim t = 0;
             const inputs in = whole_group_inputs(words, reversed, t);
-            const e2e_case c { cache_dt,
-                               data_type::bf16,
-                               data_type::bf16,
-                               cache_kind::packed,
-                               scales_per_token,
-                               scales_per_token,
-                               t,
-                               8,
-                               128,
-                               16,
-                               t / 16,
-                               false };
-            SCOPED_TRACE(case_name(c) + " amax 2^" + std::to_string(amax_binade));
-            EXPECT_EQ(contains(compare_inputs_with_reference(c, in), "x64:avx2"), runs(cpu_isa::avx2));
+            for (cache_kind kind : { cache_kind::packed, cache_kind::nhd }) {
+                const e2e_case c { cache_dt,
+                                   data_type::bf16,
+                                   data_type::bf16,
+                                   kind,
+                                   scales_per_token,
+                                   scales_per_token,
+                                   t,
+                                   8,
+                                   128,
+                                   16,
+                                   t / 16,
+                                   false };
+                SCOPED_TRACE(case_name(c) + " amax 2^" + std::to_string(amax_binade));
+                EXPECT_EQ(contains(compare_inputs_with_reference(c, in), "x64:avx2"), runs(cpu_isa::avx2));
+            }
         }
         std::vector<uint16_t> every(0x10000);
         std::iota(every.begin(), every.end(), 0);
@@ -685,25 +694,26 @@ TEST(every_implementation_bf16_groups, every_value_within_its_token_scale_and_ev
                                           scale_case { scales_per_tensor, 1.f, 0x1p-20f },
                                           scale_case { scales_per_tensor, 0x1p-100f, 3e4f },
                                           scale_case { scales_per_tensor, 448.f, 2e36f },
-                                          scale_case { scales_per_kv_head, 0.037f, 5.3f } }) {
-            e2e_case c { cache_dt,
-                         data_type::bf16,
-                         data_type::bf16,
-                         cache_kind::packed,
-                         scales.mask,
-                         scales.mask,
-                         t,
-                         8,
-                         128,
-                         32,
-                         (t + 31) / 32,
-                         true };
-            c.k_scale = scales.k;
-            c.v_scale = scales.v;
-            SCOPED_TRACE(case_name(c) + " scales " + std::to_string(c.k_scale) + ", " +
-                         std::to_string(c.v_scale));
-            EXPECT_EQ(contains(compare_inputs_with_reference(c, in), "x64:avx2"), runs(cpu_isa::avx2));
-        }
+                                          scale_case { scales_per_kv_head, 0.037f, 5.3f } })
+            for (cache_kind kind : { cache_kind::packed, cache_kind::nhd }) {
+                e2e_case c { cache_dt,
+                             data_type::bf16,
+                             data_type::bf16,
+                             kind,
+                             scales.mask,
+                             scales.mask,
+                             t,
+                             8,
+                             128,
+                             32,
+                             (t + 31) / 32,
+                             true };
+                c.k_scale = scales.k;
+                c.v_scale = scales.v;
+                SCOPED_TRACE(case_name(c) + " scales " + std::to_string(c.k_scale) + ", " +
+                             std::to_string(c.v_scale));
+                EXPECT_EQ(contains(compare_inputs_with_reference(c, in), "x64:avx2"), runs(cpu_isa::avx2));
+            }
     }
 }
 

@@ -618,12 +618,16 @@ template <> struct codec<avx2_f32> : avx2_f32 {
         for (int j = 0; j < 16; ++j) {
             const auto *in = reinterpret_cast<const uint16_t *>(src + j * stride);
             __m256i positive = _mm256_setzero_si256(), unsigned_max = _mm256_setzero_si256();
-#pragma GCC unroll 4
-            for (dim i = 0; i < n; i += 16) { // (n: a packed head size, a multiple of 16)
-                const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(in + i));
+            auto take = [&](__m256i x) {
                 positive = _mm256_max_epi16(positive, x);
                 unsigned_max = _mm256_max_epu16(unsigned_max, x);
-            }
+            };
+            dim i = 0;
+#pragma GCC unroll 4
+            for (; i + 16 <= n; i += 16)
+                take(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(in + i)));
+            if (i < n) // 8 words left (n a multiple of 8), the upper half zeros (|x| = 0)
+                take(_mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(in + i))));
             m[j] = _mm256_max_epi16(positive, _mm256_and_si256(unsigned_max, magnitude));
         }
         for (int j = 0; j < 8; ++j) // lane L: row 2j + L's 8 words
@@ -787,16 +791,35 @@ inline void prefetch_row(const char *row, dim bytes) {
         _mm_prefetch(row + byte, _MM_HINT_T0);
 }
 
-/// encode_rows_fp8 of 16 bf16 rows (n a multiple of 32) by the threshold encoder (see
-/// fp8_threshold_bounds): the rows' plans first, independent of each other (a row whose scale is
-/// its predecessor's, as in a group with a per-tensor or per-head scale, shares its plan), then
-/// their codes 32 at a time, rows holding a value the plan cannot take again by the division, and
-/// rows whose plan is not usable by encode_fp8_loaded. `within_scale`: finite rows with per-token
-/// scales (words_known::bf16_within_scale), else any bf16 words (words_known::bf16).
+/// One bf16 row's codes (n a multiple of 32) by the threshold encoder with its scale's plan (see
+/// fp8_threshold_bounds), 32 at a time; a row holding a value the plan cannot take, or whose plan
+/// is not usable, by the division path (encode_fp8_loaded). `within_scale`: a finite row with a
+/// per-token scale (words_known::bf16_within_scale), else any bf16 words (words_known::bf16).
+template <typename C, bool is_e4m3, bool within_scale>
+void encode_bf16_row_by_plan(const char *in, dim n, float scale,
+                             const typename C::template fp8_thresholds<is_e4m3> &plan, char *out) {
+    constexpr words_known known = within_scale ? words_known::bf16_within_scale : words_known::bf16;
+    auto by_division = [&] {
+        encode_fp8_loaded<C, is_e4m3, known>([&](dim i) { return C::load_bf16(in + 2 * i); }, n, scale, out,
+                                             in);
+    };
+    if (!plan.usable) {
+        by_division();
+        return;
+    }
+    __m256i outside = _mm256_setzero_si256();
+    for (dim i = 0; i < n; i += 32)
+        outside = _mm256_or_si256(outside, C::template fp8_codes32_by_thresholds<is_e4m3, within_scale>(
+                                                   in + 2 * i, plan, out + i));
+    if (!_mm256_testz_si256(outside, outside)) by_division();
+}
+
+/// encode_rows_fp8 of 16 bf16 rows (n a multiple of 32) by the threshold encoder: the rows' plans
+/// first, independent of each other (a row whose scale is its predecessor's, as in a group with a
+/// per-tensor or per-head scale, shares its plan), then each row by encode_bf16_row_by_plan.
 template <typename C, bool is_e4m3, bool within_scale>
 void encode_bf16_rows_by_thresholds(const char *src, dim stride, dim n, const float *scales, char *dst,
-                                    const char *next) {
-    constexpr words_known known = within_scale ? words_known::bf16_within_scale : words_known::bf16;
+                                    dim dst_stride, const char *next) {
     typename C::template fp8_thresholds<is_e4m3> plans[packed_group];
     for (dim j = 0; j < packed_group; ++j)
         if (j > 0 && !within_scale && scales[j] == scales[j - 1])
@@ -804,39 +827,27 @@ void encode_bf16_rows_by_thresholds(const char *src, dim stride, dim n, const fl
         else
             C::fp8_threshold_plan(scales[j], plans[j]);
     for (dim j = 0; j < packed_group; ++j) {
-        const char *in = src + j * stride;
-        char *out = dst + j * n;
         if (next) prefetch_row(next + j * stride, 2 * n);
-        auto by_division = [&] {
-            encode_fp8_loaded<C, is_e4m3, known>([&](dim i) { return C::load_bf16(in + 2 * i); }, n,
-                                                 scales[j], out, in);
-        };
-        if (!plans[j].usable) {
-            by_division();
-            continue;
-        }
-        __m256i outside = _mm256_setzero_si256();
-        for (dim i = 0; i < n; i += 32)
-            outside = _mm256_or_si256(outside, C::template fp8_codes32_by_thresholds<is_e4m3, within_scale>(
-                                                       in + 2 * i, plans[j], out + i));
-        if (!_mm256_testz_si256(outside, outside)) by_division();
+        encode_bf16_row_by_plan<C, is_e4m3, within_scale>(src + j * stride, n, scales[j], plans[j],
+                                                          dst + j * dst_stride);
     }
 }
 
 /// encode_fp8 of 16 rows of bf16 or f16 values, `stride` bytes apart, each by its scale, into rows of
-/// n codes side by side at dst: one dispatch for the group and one loop over its rows.
-/// `within_scale`: the rows are finite and their scales per-token ones (words_known). `next`: rows
-/// (the same stride) of a group encoded soon, prefetched a row per row encoded (or null).
+/// n codes `dst_stride` bytes apart from dst on: one dispatch for the group and one loop over its
+/// rows. `within_scale`: the rows are finite and their scales per-token ones (words_known). `next`:
+/// rows (the same stride) of a group encoded soon, prefetched a row per row encoded (or null).
 template <typename C>
 void encode_rows_fp8(const char *src, dim stride, data_type in_type, dim n, const float *scales, bool is_e4m3,
-                     bool within_scale, char *dst, const char *next) {
+                     bool within_scale, char *dst, dim dst_stride, const char *next) {
     if constexpr (C::has_threshold_encoder)
         if (in_type == data_type::bf16 && n % 32 == 0) {
             auto encode = [&](auto format) {
                 constexpr bool e4m3 = decltype(format)::value;
-                within_scale
-                        ? encode_bf16_rows_by_thresholds<C, e4m3, true>(src, stride, n, scales, dst, next)
-                        : encode_bf16_rows_by_thresholds<C, e4m3, false>(src, stride, n, scales, dst, next);
+                within_scale ? encode_bf16_rows_by_thresholds<C, e4m3, true>(src, stride, n, scales, dst,
+                                                                             dst_stride, next)
+                             : encode_bf16_rows_by_thresholds<C, e4m3, false>(src, stride, n, scales, dst,
+                                                                              dst_stride, next);
             };
             is_e4m3 ? encode(std::true_type()) : encode(std::false_type());
             return;
@@ -846,7 +857,7 @@ void encode_rows_fp8(const char *src, dim stride, data_type in_type, dim n, cons
             const char *in = src + j * stride;
             if (next) prefetch_row(next + j * stride, 2 * n);
             encode_fp8_loaded<C, decltype(format)::value, decltype(known)::value>(
-                    [&](dim i) { return load(in, i); }, n, scales[j], dst + j * n,
+                    [&](dim i) { return load(in, i); }, n, scales[j], dst + j * dst_stride,
                     in_type == data_type::f32 ? nullptr : in);
         }
     });
@@ -1338,8 +1349,9 @@ void write_packed_group(const unsigned char *rows, dim n, bool is_value, dim off
     }
 }
 
-// 16 tokens filling one group of a packed cache: each row encoded (its scale found on the way) into
-// `rows`, then the group written at once.
+// 16 tokens whose slots are 16 consecutive ones of a block (of a packed cache: one whole 16-token
+// group): each row encoded (its scale found on the way) into `rows`, then the group written at once
+// in the packed order; or, in a plain cache, straight into the 16 slots' rows.
 // `next_t0`, `next_head`: a group the caller stores soon from this input (K or V), whose rows are
 // prefetched while this one encodes, one per row encoded (next_t0 < 0: none). Without it the first
 // pass over each row (the amax) waited for memory: one thread read ~10 GB/s.
@@ -1358,6 +1370,12 @@ void store_group(const reshape_and_cache_problem &p, const reshape_and_cache_arg
     auto input_row = [&](dim j) { return in + ((t0 + j) * token_stride + head * head_stride) * in_es; };
     const char *next =
             next_t0 >= 0 ? in + (next_t0 * token_stride + next_head * head_stride) * in_es : nullptr;
+    const cache_view view(cache, is_value);
+    char *base = static_cast<char *>(is_value ? a.v_cache : a.k_cache);
+    // Where the rows are encoded: `rows` (packed), or the plain cache's rows of the slots.
+    char *dst =
+            view.packed() ? reinterpret_cast<char *>(rows) : base + view.offset(block, head, offset0, 0) * es;
+    const dim dst_stride = (view.packed() ? n : view.token_stride()) * es;
     if (is_fp8(dt) && in_type != data_type::f32) {
         // 16-bit rows to FP8 in three passes over the group, amaxes, scales, codes, rather than row
         // by row: each row's chain (amax reduction, scale division, encoding) is long and serial,
@@ -1383,17 +1401,16 @@ void store_group(const reshape_and_cache_problem &p, const reshape_and_cache_arg
                 row_scales[j] = row_scale(p, 0.f, is_value, scales, block, head, offset0 + j);
         }
         encode_rows_fp8<codec<V>>(input_row(0), token_stride * in_es, in_type, n, row_scales,
-                                  dt == data_type::f8_e4m3, within_scale, reinterpret_cast<char *>(rows),
-                                  next);
+                                  dt == data_type::f8_e4m3, within_scale, dst, dst_stride, next);
     } else {
         for (dim j = 0; j < packed_group; ++j) {
             if (next) prefetch_row(next + j * token_stride * in_es, n * in_es);
             encode_input_row<V>(p, input_row(j), in_type, is_value, scales, block, head, offset0 + j, row,
-                                rows + j * n * es);
+                                dst + j * dst_stride);
         }
     }
-    const cache_view view(cache, is_value);
-    char *region = static_cast<char *>(is_value ? a.v_cache : a.k_cache) + view.region(block, head) * es;
+    if (!view.packed()) return;
+    char *region = base + view.region(block, head) * es;
     switch (es) {
         case 1: write_packed_group<V, 1>(rows, n, is_value, offset0, p.block_size, region); break;
         case 2: write_packed_group<V, 2>(rows, n, is_value, offset0, p.block_size, region); break;
@@ -1413,24 +1430,27 @@ template <typename V> std::string decline(const reshape_and_cache_problem &p, co
     return {};
 }
 
-// Parallel with oneTBB over (span of tokens, kv head). Within a span, 16 tokens whose slots fill one
-// 16-token group of a packed cache are encoded together and written in the layout's order (the
-// common case in prefill); any other token is written row by row: it converts its K input, writes
-// K, then V. Tokens with a negative slot or superseded by a later token of the call are skipped
-// (and a group holding one takes the row path).
+// Parallel with oneTBB over (span of tokens, kv head). Within a span, 16 tokens whose slots are 16
+// consecutive ones of a block (in a packed cache: one whole 16-token group) are encoded together and
+// written at once (the common case in prefill; 16 rows' amaxes, scales and codes in passes, packed
+// ones in the layout's order); any other token is written row by row: it converts its K input,
+// writes K, then V. Tokens with a negative slot or superseded by a later token of the call are
+// skipped (and a group holding one takes the row path).
 template <typename V> void execute(const reshape_and_cache_problem &p, const reshape_and_cache_arguments &a) {
     constexpr dim span = 256; // tokens per task; a group cut by a span's end takes the row path
     const dim heads = p.kv_heads;
     const dim key_es = static_cast<dim>(data_type_size(p.key_type)),
               value_es = static_cast<dim>(data_type_size(p.value_type));
-    const bool both_packed =
-            p.k_cache.get_layout() == layout::packed && p.v_cache.get_layout() == layout::packed;
+    const bool any_packed =
+            p.k_cache.get_layout() == layout::packed || p.v_cache.get_layout() == layout::packed;
     auto slot_of = [&](dim t) { return a.slots64 ? a.slots64[t] : static_cast<dim>(a.slots32[t]); };
     auto writable = [&](dim t) { return slot_of(t) >= 0 && !(a.superseded && a.superseded[t]); };
-    // Tokens t .. t + 15 fill the 16-token group starting at slot_of(t).
+    // Tokens t .. t + 15 take 16 consecutive slots of one block from slot_of(t) on, which start a
+    // 16-token group if a cache is packed.
     auto whole_group = [&](dim t) {
         const dim s0 = slot_of(t);
-        if (s0 < 0 || s0 % packed_group != 0) return false;
+        if (s0 < 0 || s0 % p.block_size + packed_group > p.block_size) return false;
+        if (any_packed && s0 % packed_group != 0) return false;
         for (dim j = 0; j < packed_group; ++j)
             if (slot_of(t + j) != s0 + j || !writable(t + j)) return false;
         return true;
@@ -1451,7 +1471,7 @@ template <typename V> void execute(const reshape_and_cache_problem &p, const res
             const dim h0 = i % head_parts * heads_per_part, h1 = std::min(heads, h0 + heads_per_part);
             const dim first = i / head_parts * span, last = std::min(a.num_tokens, first + span);
             for (dim t = first; t < last;) {
-                if (both_packed && t + packed_group <= last && whole_group(t)) {
+                if (t + packed_group <= last && whole_group(t)) {
                     const dim slot = slot_of(t), block = slot / p.block_size, offset0 = slot % p.block_size;
                     for (dim h = h0; h < h1; ++h) {
                         // Prefetched: the rows `ahead` heads on, in the next tokens past the last head.
