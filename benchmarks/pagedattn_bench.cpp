@@ -23,7 +23,8 @@
 // and for V, as reshape_and_cache's dynamic scales write them (the demo's cache); their cache column
 // says so and their GB/s count the scales' bytes. By default FP8 caches have no scales (1).
 // reshape writes e4m3 with per-token scales and, as "f8_e4m3/tensor", with one per-tensor scale for K
-// and V each.
+// and V each, into the packed layout, and as "f8_e4m3/plain" with per-token scales into vLLM's
+// [blocks, kv heads, block size, head size].
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -594,7 +595,8 @@ void run_attention(config &cfg) {
 
 // reshape_and_cache of `tokens` bf16 keys and values into a cache of type dt (FP8 with per-token
 // scales, computed from each row as vLLM's dynamic scales are, or with `per_tensor_scale`, one given
-// scale for K and V each, as vLLM's k_scale and v_scale).
+// scale for K and V each, as vLLM's k_scale and v_scale), in the packed layout or (`plain`) vLLM's
+// [blocks, kv heads, block size, head size].
 struct reshape_case {
     static constexpr dim hkv = 8, d = 128, bs = 128;
     dim tokens, blocks;
@@ -606,11 +608,14 @@ struct reshape_case {
     exec_args args;
 
     bool per_tensor; // one scale for K and V each, else per-token scales
+    bool plain;
 
     // key, value: at least `tokens` rows; slots: 0, 1, ...
     reshape_case(dim tokens_, data_type dt, const big_array<uint16_t> &key, const big_array<uint16_t> &value,
-                 const std::vector<int64_t> &slots, bool huge_pages, cpu_isa cap, float per_tensor_scale = 0)
-        : tokens(tokens_), blocks((tokens_ + bs - 1) / bs), cache_type(dt), per_tensor(per_tensor_scale > 0) {
+                 const std::vector<int64_t> &slots, bool huge_pages, cpu_isa cap, float per_tensor_scale = 0,
+                 bool plain_ = false)
+        : tokens(tokens_), blocks((tokens_ + bs - 1) / bs), cache_type(dt), per_tensor(per_tensor_scale > 0),
+          plain(plain_) {
         dnnl::engine eng(dnnl::engine::kind::cpu, 0);
         primitive_attr attr;
         attr.set_max_cpu_isa(cap);
@@ -619,7 +624,7 @@ struct reshape_case {
             attr.set_scales_mask(ARG_V_CACHE, per_tensor ? scales_per_tensor : scales_per_token);
         }
         const tensor_desc kv({ runtime_dim, hkv, d }, data_type::bf16),
-                cache({ blocks, hkv, bs, d }, dt, layout::any);
+                cache({ blocks, hkv, bs, d }, dt, plain ? layout::plain : layout::any);
         pd = reshape_and_cache::primitive_desc(eng, reshape_and_cache::desc(kv, kv, cache, cache), attr);
         primitive = reshape_and_cache(pd);
         const tensor_desc cmd = pd.query_md(ARG_K_CACHE);
@@ -643,6 +648,11 @@ struct reshape_case {
     double bytes() const {
         return 2.0 * tokens * hkv * d * (2 + data_type_size(cache_type)) +
                (data_type_size(cache_type) == 1 && !per_tensor ? 2.0 * tokens * hkv * 4 : 0);
+    }
+    // The cache column: the type, and the scales or layout where they are not the first cases'.
+    std::string name() const {
+        return std::string(data_type_name(cache_type)) + (per_tensor ? "/tensor" : "") +
+               (plain ? "/plain" : "");
     }
 };
 
@@ -672,11 +682,12 @@ void run_reshape(config &cfg) {
                               value = reshape_input(tokens, 6, cfg.huge_pages);
     const std::vector<int64_t> slots = identity_slots(tokens);
     std::vector<reshape_case> cases;
-    cases.reserve(3);
+    cases.reserve(4);
     for (data_type dt : { data_type::bf16, data_type::f8_e4m3 })
         cases.emplace_back(tokens, dt, key, value, slots, cfg.huge_pages, cfg.cap);
     // A calibrated scale's kind: no bf16 amax / 448 (the inputs' |x| are below 2: no saturation)
     cases.emplace_back(tokens, data_type::f8_e4m3, key, value, slots, cfg.huge_pages, cfg.cap, 0.0046f);
+    cases.emplace_back(tokens, data_type::f8_e4m3, key, value, slots, cfg.huge_pages, cfg.cap, 0.f, true);
     std::vector<std::function<void()>> runs;
     for (reshape_case &c : cases)
         runs.push_back([&c, &s] { c.primitive.execute(s, c.args); });
@@ -684,7 +695,7 @@ void run_reshape(config &cfg) {
     for (size_t i = 0; i < cases.size(); ++i) {
         const reshape_case &c = cases[i];
         row r { "reshape",
-                std::string(data_type_name(c.cache_type)) + (c.per_tensor ? "/tensor" : ""),
+                c.name(),
                 c.pd.impl_info_str(),
                 1,
                 tokens,
@@ -822,15 +833,22 @@ void run_cost(config &cfg) {
                               value = reshape_input(long_tokens, 6, cfg.huge_pages);
     const std::vector<int64_t> slots = identity_slots(long_tokens);
     // (per_tensor_scale 0: per-token scales; run_reshape's calibrated scale for "/tensor")
-    const std::pair<data_type, float> kinds[] = { { data_type::bf16, 0.f },
-                                                  { data_type::f8_e4m3, 0.f },
-                                                  { data_type::f8_e5m2, 0.f },
-                                                  { data_type::f8_e4m3, 0.0046f } };
-    for (const auto &[dt, per_tensor_scale] : kinds) {
+    struct kind {
+        data_type dt;
+        float per_tensor_scale;
+        bool plain;
+    };
+    const kind kinds[] = { { data_type::bf16, 0.f, false },
+                           { data_type::f8_e4m3, 0.f, false },
+                           { data_type::f8_e5m2, 0.f, false },
+                           { data_type::f8_e4m3, 0.0046f, false },
+                           { data_type::f8_e4m3, 0.f, true } };
+    for (const kind &k : kinds) {
         std::vector<reshape_case> cases;
         cases.reserve(2);
         for (dim tokens : { short_tokens, long_tokens })
-            cases.emplace_back(tokens, dt, key, value, slots, cfg.huge_pages, cfg.cap, per_tensor_scale);
+            cases.emplace_back(tokens, k.dt, key, value, slots, cfg.huge_pages, cfg.cap, k.per_tensor_scale,
+                               k.plain);
         std::vector<double> ns[2];
         time_two_alternating(
                 one_thread, 20, 400 * cfg.reps, [&](int i) { cases[i].primitive.execute(s, cases[i].args); },
@@ -838,7 +856,7 @@ void run_cost(config &cfg) {
         const double per_pair = (*std::min_element(ns[1].begin(), ns[1].end()) -
                                  *std::min_element(ns[0].begin(), ns[0].end())) /
                                 double((long_tokens - short_tokens) * reshape_case::hkv);
-        const std::string cache = std::string(data_type_name(dt)) + (per_tensor_scale > 0 ? "/tensor" : "");
+        const std::string cache = cases[0].name();
         std::printf(
                 "cost     %-6s %-14s %-16s %7.2f ns %7.1f cycles per (token, kv head), %6.1f per 16 values\n",
                 "reshape", cache.c_str(), cases[0].pd.impl_info_str(), per_pair, per_pair * clock,
