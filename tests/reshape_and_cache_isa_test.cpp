@@ -596,6 +596,16 @@ inputs whole_group_inputs(const std::vector<uint16_t> &key_words, const std::vec
     return in;
 }
 
+// The same inputs with each 16 tokens' slots in reverse order: no 16 tokens take consecutive slots,
+// so that each is written alone (as decode steps write them).
+inputs one_by_one(inputs in) {
+    for (size_t i = 0; i + 16 < in.slots64.size(); i += 16)
+        std::reverse(in.slots64.begin() + static_cast<std::ptrdiff_t>(i),
+                     in.slots64.begin() + static_cast<std::ptrdiff_t>(i + 16));
+    in.slots32.assign(in.slots64.begin(), in.slots64.end());
+    return in;
+}
+
 // x64:avx2's threshold encoder holds, made at compile time, the thresholds of every scale that
 // per-token scaling makes from a bf16 amax (FLT_MIN, the floor, among them), and makes those of
 // other scales (per-tensor, per-head) as it encodes. The codes are the same either way (the tests
@@ -630,7 +640,9 @@ TEST(threshold_encoder, table_holds_every_per_token_scale_of_a_bf16_amax) {
 // and the largest finite amaxes (2^127). With per-tensor scales (K and V: 0.037 and 5.3, 1 and
 // 2^-20, 2^-100 and 3e4, 448 and 2e36) and per-head ones (8 around 0.037 and 5.3): every bf16
 // word, NaNs and infinities included, saturating codes among them. Each in a packed cache and in a
-// plain one (token-major), whose groups' rows are encoded in place.
+// plain one (token-major), whose groups' rows are encoded in place, and with the tokens written one
+// by one (each alone: the row path, which takes the threshold encoder where the table holds the
+// scale, per-token ones and powers of two).
 TEST(every_implementation_bf16_groups, every_value_within_its_token_scale_and_every_word) {
     for (data_type cache_dt : { data_type::f8_e4m3, data_type::f8_e5m2 }) {
         const std::vector<int> binades = { 0, -60, 60, -110, -118, -126, 127 };
@@ -661,30 +673,33 @@ TEST(every_implementation_bf16_groups, every_value_within_its_token_scale_and_ev
                 reversed.insert(reversed.end(), words.begin() + static_cast<std::ptrdiff_t>(r * 128),
                                 words.begin() + static_cast<std::ptrdiff_t>(r * 128 + 128));
             dim t = 0;
-            const inputs in = whole_group_inputs(words, reversed, t);
-            for (cache_kind kind : { cache_kind::packed, cache_kind::nhd }) {
-                const e2e_case c { cache_dt,
-                                   data_type::bf16,
-                                   data_type::bf16,
-                                   kind,
-                                   scales_per_token,
-                                   scales_per_token,
-                                   t,
-                                   8,
-                                   128,
-                                   16,
-                                   t / 16,
-                                   false };
-                SCOPED_TRACE(case_name(c) + " amax 2^" + std::to_string(amax_binade));
-                EXPECT_EQ(contains(compare_inputs_with_reference(c, in), "x64:avx2"), runs(cpu_isa::avx2));
-            }
+            const inputs grouped = whole_group_inputs(words, reversed, t), alone = one_by_one(grouped);
+            for (const inputs *in : { &grouped, &alone })
+                for (cache_kind kind : { cache_kind::packed, cache_kind::nhd }) {
+                    const e2e_case c { cache_dt,
+                                       data_type::bf16,
+                                       data_type::bf16,
+                                       kind,
+                                       scales_per_token,
+                                       scales_per_token,
+                                       t,
+                                       8,
+                                       128,
+                                       16,
+                                       t / 16,
+                                       false };
+                    SCOPED_TRACE(case_name(c) + " amax 2^" + std::to_string(amax_binade) +
+                                 (in == &alone ? " one by one" : ""));
+                    EXPECT_EQ(contains(compare_inputs_with_reference(c, *in), "x64:avx2"),
+                              runs(cpu_isa::avx2));
+                }
         }
         std::vector<uint16_t> every(0x10000);
         std::iota(every.begin(), every.end(), 0);
         std::vector<uint16_t> shifted(every.begin() + 77, every.end());
         shifted.insert(shifted.end(), every.begin(), every.begin() + 77);
         dim t = 0;
-        const inputs in = whole_group_inputs(every, shifted, t);
+        const inputs grouped = whole_group_inputs(every, shifted, t), alone = one_by_one(grouped);
         // (2e36's 2^8 multiple overflows f32: the division path then divides by it)
         struct scale_case {
             int mask;
@@ -695,25 +710,27 @@ TEST(every_implementation_bf16_groups, every_value_within_its_token_scale_and_ev
                                           scale_case { scales_per_tensor, 0x1p-100f, 3e4f },
                                           scale_case { scales_per_tensor, 448.f, 2e36f },
                                           scale_case { scales_per_kv_head, 0.037f, 5.3f } })
-            for (cache_kind kind : { cache_kind::packed, cache_kind::nhd }) {
-                e2e_case c { cache_dt,
-                             data_type::bf16,
-                             data_type::bf16,
-                             kind,
-                             scales.mask,
-                             scales.mask,
-                             t,
-                             8,
-                             128,
-                             32,
-                             (t + 31) / 32,
-                             true };
-                c.k_scale = scales.k;
-                c.v_scale = scales.v;
-                SCOPED_TRACE(case_name(c) + " scales " + std::to_string(c.k_scale) + ", " +
-                             std::to_string(c.v_scale));
-                EXPECT_EQ(contains(compare_inputs_with_reference(c, in), "x64:avx2"), runs(cpu_isa::avx2));
-            }
+            for (const inputs *in : { &grouped, &alone })
+                for (cache_kind kind : { cache_kind::packed, cache_kind::nhd }) {
+                    e2e_case c { cache_dt,
+                                 data_type::bf16,
+                                 data_type::bf16,
+                                 kind,
+                                 scales.mask,
+                                 scales.mask,
+                                 t,
+                                 8,
+                                 128,
+                                 32,
+                                 (t + 31) / 32,
+                                 true };
+                    c.k_scale = scales.k;
+                    c.v_scale = scales.v;
+                    SCOPED_TRACE(case_name(c) + " scales " + std::to_string(c.k_scale) + ", " +
+                                 std::to_string(c.v_scale) + (in == &alone ? " one by one" : ""));
+                    EXPECT_EQ(contains(compare_inputs_with_reference(c, *in), "x64:avx2"),
+                              runs(cpu_isa::avx2));
+                }
     }
 }
 

@@ -796,8 +796,9 @@ inline void prefetch_row(const char *row, dim bytes) {
 /// is not usable, by the division path (encode_fp8_loaded). `within_scale`: a finite row with a
 /// per-token scale (words_known::bf16_within_scale), else any bf16 words (words_known::bf16).
 template <typename C, bool is_e4m3, bool within_scale>
-void encode_bf16_row_by_plan(const char *in, dim n, float scale,
-                             const typename C::template fp8_thresholds<is_e4m3> &plan, char *out) {
+__attribute__((always_inline)) inline void
+encode_bf16_row_by_plan(const char *in, dim n, float scale,
+                        const typename C::template fp8_thresholds<is_e4m3> &plan, char *out) {
     constexpr words_known known = within_scale ? words_known::bf16_within_scale : words_known::bf16;
     auto by_division = [&] {
         encode_fp8_loaded<C, is_e4m3, known>([&](dim i) { return C::load_bf16(in + 2 * i); }, n, scale, out,
@@ -861,6 +862,27 @@ void encode_rows_fp8(const char *src, dim stride, data_type in_type, dim n, cons
                     in_type == data_type::f32 ? nullptr : in);
         }
     });
+}
+
+/// encode_fp8 of one row of bf16 or f16 values (a token written alone, as decode steps write them):
+/// bf16 rows (n a multiple of 32) whose scale's thresholds fp8_threshold_table holds (per-token
+/// scales, powers of two) by the threshold encoder; other scales keep the division, cheaper for one
+/// row than making the thresholds.
+template <typename C>
+void encode_16bit_row_fp8(const char *in, data_type in_type, dim n, float scale, bool is_e4m3, char *dst) {
+    if constexpr (C::has_threshold_encoder)
+        if (in_type == data_type::bf16 && n % 32 == 0) {
+            auto by_table = [&](auto format) {
+                constexpr bool e4m3 = decltype(format)::value;
+                if (!C::template fp8_threshold_table_holds<e4m3>(scale)) return false;
+                typename C::template fp8_thresholds<e4m3> plan;
+                C::fp8_threshold_plan(scale, plan);
+                encode_bf16_row_by_plan<C, e4m3, false>(in, n, scale, plan, dst);
+                return true;
+            };
+            if (is_e4m3 ? by_table(std::true_type()) : by_table(std::false_type())) return;
+        }
+    encode_fp8<C>(in, in_type, n, scale, is_e4m3, dst);
 }
 
 /// Encodes n values (n a multiple of V::width) into cache type dt: FP8 encodes src / scale, the other
@@ -1028,8 +1050,9 @@ void encode_input_row(const reshape_and_cache_problem &p, const void *in, data_t
     }
     if (is_fp8(dt) && in_type != data_type::f32) {
         const float m = amax ? C::amax_16bit(in, in_type, n) : 0.f;
-        encode_fp8<C>(in, in_type, n, row_scale(p, m, is_value, scales, block, head, offset),
-                      dt == data_type::f8_e4m3, dst);
+        encode_16bit_row_fp8<C>(static_cast<const char *>(in), in_type, n,
+                                row_scale(p, m, is_value, scales, block, head, offset),
+                                dt == data_type::f8_e4m3, static_cast<char *>(dst));
         return;
     }
     const float m = load_row<V>(in, in_type, n, row, amax);
@@ -1445,6 +1468,13 @@ template <typename V> void execute(const reshape_and_cache_problem &p, const res
             p.k_cache.get_layout() == layout::packed || p.v_cache.get_layout() == layout::packed;
     auto slot_of = [&](dim t) { return a.slots64 ? a.slots64[t] : static_cast<dim>(a.slots32[t]); };
     auto writable = [&](dim t) { return slot_of(t) >= 0 && !(a.superseded && a.superseded[t]); };
+    auto key_row = [&](dim t, dim h) {
+        return static_cast<const char *>(a.key) + (t * a.key_token_stride + h * a.key_head_stride) * key_es;
+    };
+    auto value_row = [&](dim t, dim h) {
+        return static_cast<const char *>(a.value) +
+               (t * a.value_token_stride + h * a.value_head_stride) * value_es;
+    };
     // Tokens t .. t + 15 take 16 consecutive slots of one block from slot_of(t) on, which start a
     // 16-token group if a cache is packed.
     auto whole_group = [&](dim t) {
@@ -1488,12 +1518,19 @@ template <typename V> void execute(const reshape_and_cache_problem &p, const res
                 if (writable(t)) {
                     const dim slot = slot_of(t), block = slot / p.block_size, offset = slot % p.block_size;
                     for (dim h = h0; h < h1; ++h) {
-                        const char *k = static_cast<const char *>(a.key) +
-                                        (t * a.key_token_stride + h * a.key_head_stride) * key_es;
-                        store_row<V>(p, k, p.key_type, false, a.k_cache, a.k_scales, block, h, offset, row);
-                        const char *v = static_cast<const char *>(a.value) +
-                                        (t * a.value_token_stride + h * a.value_head_stride) * value_es;
-                        store_row<V>(p, v, p.value_type, true, a.v_cache, a.v_scales, block, h, offset, row);
+                        // Prefetched: the rows `ahead` heads on (past the last head, the next
+                        // token's), as in the groups above.
+                        constexpr dim ahead = 2;
+                        const dim next_t = t + (h - h0 + ahead) / (h1 - h0),
+                                  next_head = h0 + (h - h0 + ahead) % (h1 - h0);
+                        if (next_t < last) {
+                            prefetch_row(key_row(next_t, next_head), p.head_size * key_es);
+                            prefetch_row(value_row(next_t, next_head), p.head_size * value_es);
+                        }
+                        store_row<V>(p, key_row(t, h), p.key_type, false, a.k_cache, a.k_scales, block, h,
+                                     offset, row);
+                        store_row<V>(p, value_row(t, h), p.value_type, true, a.v_cache, a.v_scales, block, h,
+                                     offset, row);
                     }
                 }
                 ++t;
