@@ -609,6 +609,7 @@ struct reshape_case {
 
     bool per_tensor; // one scale for K and V each, else per-token scales
     bool plain;
+    bool one_by_one = false; // the slots of each 16 tokens reversed: each token written alone
 
     // key, value: at least `tokens` rows; slots: 0, 1, ...
     reshape_case(dim tokens_, data_type dt, const big_array<uint16_t> &key, const big_array<uint16_t> &value,
@@ -652,7 +653,7 @@ struct reshape_case {
     // The cache column: the type, and the scales or layout where they are not the first cases'.
     std::string name() const {
         return std::string(data_type_name(cache_type)) + (per_tensor ? "/tensor" : "") +
-               (plain ? "/plain" : "");
+               (plain ? "/plain" : "") + (one_by_one ? "/rows" : "");
     }
 };
 
@@ -670,6 +671,16 @@ std::vector<int64_t> identity_slots(dim tokens) {
     std::vector<int64_t> slots(static_cast<size_t>(tokens));
     for (dim t = 0; t < tokens; ++t)
         slots[static_cast<size_t>(t)] = t;
+    return slots;
+}
+
+// Slots 0 .. tokens - 1 (a multiple of 16) with each 16 in reverse order: no 16 tokens take
+// consecutive slots, so each token is written alone, as decode steps write them.
+std::vector<int64_t> one_by_one_slots(dim tokens) {
+    std::vector<int64_t> slots = identity_slots(tokens);
+    for (size_t i = 0; i + 16 <= slots.size(); i += 16)
+        std::reverse(slots.begin() + static_cast<std::ptrdiff_t>(i),
+                     slots.begin() + static_cast<std::ptrdiff_t>(i + 16));
     return slots;
 }
 
@@ -831,24 +842,27 @@ void run_cost(config &cfg) {
     const dim short_tokens = 64, long_tokens = 192;
     const big_array<uint16_t> key = reshape_input(long_tokens, 5, cfg.huge_pages),
                               value = reshape_input(long_tokens, 6, cfg.huge_pages);
-    const std::vector<int64_t> slots = identity_slots(long_tokens);
+    const std::vector<int64_t> slots = identity_slots(long_tokens), alone = one_by_one_slots(long_tokens);
     // (per_tensor_scale 0: per-token scales; run_reshape's calibrated scale for "/tensor")
     struct kind {
         data_type dt;
         float per_tensor_scale;
-        bool plain;
+        bool plain, one_by_one;
     };
-    const kind kinds[] = { { data_type::bf16, 0.f, false },
-                           { data_type::f8_e4m3, 0.f, false },
-                           { data_type::f8_e5m2, 0.f, false },
-                           { data_type::f8_e4m3, 0.0046f, false },
-                           { data_type::f8_e4m3, 0.f, true } };
+    const kind kinds[] = {
+        { data_type::bf16, 0.f, false, false },    { data_type::f8_e4m3, 0.f, false, false },
+        { data_type::f8_e5m2, 0.f, false, false }, { data_type::f8_e4m3, 0.0046f, false, false },
+        { data_type::f8_e4m3, 0.f, true, false },  { data_type::f8_e4m3, 0.f, false, true },
+        { data_type::f8_e4m3, 0.f, true, true }
+    };
     for (const kind &k : kinds) {
         std::vector<reshape_case> cases;
         cases.reserve(2);
-        for (dim tokens : { short_tokens, long_tokens })
-            cases.emplace_back(tokens, k.dt, key, value, slots, cfg.huge_pages, cfg.cap, k.per_tensor_scale,
-                               k.plain);
+        for (dim tokens : { short_tokens, long_tokens }) {
+            cases.emplace_back(tokens, k.dt, key, value, k.one_by_one ? alone : slots, cfg.huge_pages,
+                               cfg.cap, k.per_tensor_scale, k.plain);
+            cases.back().one_by_one = k.one_by_one;
+        }
         std::vector<double> ns[2];
         time_two_alternating(
                 one_thread, 20, 400 * cfg.reps, [&](int i) { cases[i].primitive.execute(s, cases[i].args); },
@@ -858,7 +872,7 @@ void run_cost(config &cfg) {
                                 double((long_tokens - short_tokens) * reshape_case::hkv);
         const std::string cache = cases[0].name();
         std::printf(
-                "cost     %-6s %-14s %-16s %7.2f ns %7.1f cycles per (token, kv head), %6.1f per 16 values\n",
+                "cost     %-6s %-18s %-16s %7.2f ns %7.1f cycles per (token, kv head), %6.1f per 16 values\n",
                 "reshape", cache.c_str(), cases[0].pd.impl_info_str(), per_pair, per_pair * clock,
                 per_pair * clock / 16);
     }
