@@ -58,6 +58,8 @@ struct setup {
     std::vector<uint16_t> q_bf16, dst_bf16;
     std::vector<float> v_scales; // per token (block, head, token), when the primitive has that mask
     pa::dim window_left = -1;    // the sliding window's left bound (the query is at tokens - 1)
+    pa::dim q_len = 1;           // query tokens, the last tokens' positions, all with the same query
+    bool causal = false;
 
     setup(pa::data_type dt_, pa::layout l_, pa::data_type q_dt_, pa::data_type dst_dt_, pa::dim tokens_,
           pa::dim q_heads_, pa::dim head_size_ = 16)
@@ -82,7 +84,7 @@ struct setup {
     }
     pa::paged_attention::desc desc() const {
         pa::paged_attention::options o;
-        o.causal = false;
+        o.causal = causal;
         o.softmax_scale = 1.f;
         o.window_left = window_left;
         return pa::paged_attention::desc({ { pa::runtime_dim, q_heads, head_size }, q_dt }, cache_md,
@@ -90,8 +92,12 @@ struct setup {
     }
     void run(const pa::paged_attention &prim) {
         std::vector<float> q_rows;
-        for (pa::dim h = 0; h < q_heads; ++h)
+        for (pa::dim h = 0; h < q_len * q_heads; ++h)
             q_rows.insert(q_rows.end(), q.begin(), q.end());
+        q_bf16.resize(q_rows.size());
+        dst.resize(q_rows.size());
+        dst_bf16.resize(q_rows.size());
+        starts = { 0, static_cast<int32_t>(q_len) };
         for (size_t i = 0; i < q_rows.size(); ++i) { // the top half of an f32 that is exact in bf16
             uint32_t bits;
             std::memcpy(&bits, &q_rows[i], 4);
@@ -101,14 +107,14 @@ struct setup {
                 q_dt == pa::data_type::bf16 ? static_cast<const void *>(q_bf16.data()) : q_rows.data();
         dnnl::stream s(dnnl::engine(dnnl::engine::kind::cpu, 0));
         std::unordered_map<int, pa::tensor> args {
-            { pa::ARG_QUERY, pa::tensor({ { 1, q_heads, head_size }, q_dt }, query) },
+            { pa::ARG_QUERY, pa::tensor({ { q_len, q_heads, head_size }, q_dt }, query) },
             { pa::ARG_K_CACHE, pa::tensor(cache_md, k.data()) },
             { pa::ARG_V_CACHE, pa::tensor(cache_md, v.data()) },
             { pa::ARG_BLOCK_TABLE,
               pa::tensor({ { 1, static_cast<pa::dim>(table.size()) }, pa::data_type::s32 }, table.data()) },
             { pa::ARG_SEQ_LENS, pa::tensor({ { 1 }, pa::data_type::s32 }, lens.data()) },
             { pa::ARG_QUERY_START_LOC, pa::tensor({ { 2 }, pa::data_type::s32 }, starts.data()) },
-            { pa::ARG_DST, pa::tensor({ { 1, q_heads, head_size }, dst_dt },
+            { pa::ARG_DST, pa::tensor({ { q_len, q_heads, head_size }, dst_dt },
                                       dst_dt == pa::data_type::bf16 ? static_cast<void *>(dst_bf16.data())
                                                                     : static_cast<void *>(dst.data())) }
         };
@@ -147,8 +153,8 @@ struct setup {
                 std::memcpy(&dst[i], &bits, 4);
             }
     }
-    float out(pa::dim head, pa::dim d) const {
-        return dst[static_cast<size_t>(head * head_size + d)];
+    float out(pa::dim head, pa::dim d, pa::dim token = 0) const {
+        return dst[static_cast<size_t>((token * q_heads + head) * head_size + d)];
     }
 };
 
@@ -387,6 +393,34 @@ TEST_P(fp8_codes, a_nan_value_at_a_window_edge_reaches_dst_and_its_hidden_neighb
                 }
         } while (pd.next_impl());
     }
+}
+
+// Causal verify, 4 query tokens at positions 36-39 of 40, keys 0 (equal weights): a NaN (e4m3) or
+// infinite (e5m2) value at token 37 is seen by the last three query tokens alone. The first one's
+// rows weigh it 0 and must come out 0 (every other value is 0), not NaN from 0 x inf or 0 x NaN:
+// kernels that weigh a chunk's values for several rows at once must skip each row's zero weights.
+TEST_P(fp8_codes, a_special_value_hidden_from_a_query_row_by_causality_does_not_reach_it) {
+    const param p = GetParam();
+    const pa::dim tokens = 40, d_size = 128, special_token = 37, special_dim = 5;
+    setup s(p.dt, p.l, p.q_dt, p.dst_dt, tokens, p.q_heads, d_size);
+    s.flush = p.flush;
+    s.q_len = 4;
+    s.causal = true;
+    s.v_at(special_token, special_dim) = p.dt == pa::data_type::f8_e4m3 ? 0x7F : 0x7C;
+    pa::paged_attention::primitive_desc pd(dnnl::engine(dnnl::engine::kind::cpu, 0), s.desc());
+    do {
+        SCOPED_TRACE(std::string(pd.impl_info_str()) + (p.l == pa::layout::packed ? " packed" : " plain"));
+        s.run(pa::paged_attention(pd));
+        for (pa::dim t = 0; t < s.q_len; ++t)
+            for (pa::dim h = 0; h < s.q_heads; ++h)
+                for (pa::dim i = 0; i < d_size; ++i) {
+                    const float got = s.out(h, i, t);
+                    if (t >= 1 && i == special_dim)
+                        EXPECT_FALSE(std::isfinite(got)) << "query token " << t << " head " << h;
+                    else
+                        EXPECT_EQ(got, 0.f) << "query token " << t << " head " << h << " dim " << i;
+                }
+    } while (pd.next_impl());
 }
 
 // A NaN key anywhere in the range makes the score of its token NaN, and so every output of the

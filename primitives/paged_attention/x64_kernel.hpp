@@ -80,8 +80,8 @@ template <typename V> std::string decline(const paged_attention_problem &p, cons
 // probabilities are computed and ignored), and two regions are added: q as bf16 rows of a multiple
 // of 32 dims (a tile row), and the tiles' share of a chunk's output.
 struct scratch_layout {
-    size_t q, acc, scores, row_max, row_sum, correction, k_row, v_row, k_chunk, v_chunk, probability_pairs,
-            tile_q, tile_out, total; // in floats
+    size_t q, acc, scores, row_max, row_sum, correction, k_row, k_chunk, v_chunk, probability_pairs, tile_q,
+            tile_out, total; // in floats
     explicit scratch_layout(const paged_attention_problem &p, bool tiles = false) {
         const size_t item_rows = static_cast<size_t>(tokens_per_tile(p) * (p.q_heads / p.kv_heads));
         const size_t rows = tiles ? (item_rows + 15) / 16 * 16 : item_rows;
@@ -93,8 +93,7 @@ struct scratch_layout {
         row_sum = row_max + rows;
         correction = row_sum + rows;
         k_row = correction + rows;
-        v_row = k_row + d;
-        k_chunk = v_row + d;
+        k_chunk = k_row + d;
         v_chunk = k_chunk + packed_chunk * d;
         probability_pairs = v_chunk + packed_chunk * d;
         tile_q = probability_pairs + rows * packed_chunk / 2;
@@ -159,10 +158,55 @@ template <typename V> float dot(const float *a, const float *b, dim n) {
     return V::reduce_add(V::add(s0, s1));
 }
 
-template <typename V> void add_weighted(float *out, float weight, const float *v, dim n) {
-    const typename V::reg w = V::set1(weight);
-    for (dim i = 0; i < n; i += V::width)
-        V::store(out + i, V::fma(w, V::load(v + i), V::load(out + i)));
+// Dims i .. i + K vectors of R rows of acc (d floats apart) += each used token's weight for the row
+// (weights: R rows, `stride` apart, the token's at index token[u]) times its value row (values + u *
+// d), in registers. A weight of 0 (a token the row does not see, or whose weight underflowed) adds
+// nothing, not even a NaN from an infinite value.
+template <typename V, int R, int K>
+void add_weighted_slice(float *acc, dim d, const float *weights, dim stride, const dim *token, dim used,
+                        const float *values, dim i) {
+    using reg = typename V::reg;
+    reg a[R][K];
+    for (int r = 0; r < R; ++r)
+        for (int k = 0; k < K; ++k)
+            a[r][k] = V::load(acc + r * d + i + k * V::width);
+    for (dim u = 0; u < used; ++u) {
+        reg x[K];
+        for (int k = 0; k < K; ++k)
+            x[k] = V::load(values + u * d + i + k * V::width);
+        for (int r = 0; r < R; ++r) {
+            const float weight = weights[r * stride + token[u]];
+            if (weight == 0.f) continue;
+            const reg w = V::set1(weight);
+            for (int k = 0; k < K; ++k)
+                a[r][k] = V::fma(w, x[k], a[r][k]);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int k = 0; k < K; ++k)
+            V::store(acc + r * d + i + k * V::width, a[r][k]);
+}
+
+// add_weighted_slice over all rows and dims: two rows and 4 vectors of dims at a time (8
+// accumulators, 4 values and a weight in AVX2's 16 registers), so that the accumulators are loaded
+// and stored once per chunk rather than once per token and row.
+template <typename V>
+void add_weighted_rows(float *acc, dim rows, dim d, const float *weights, dim stride, const dim *token,
+                       dim used, const float *values) {
+    constexpr dim slice = 4 * V::width;
+    for (dim r = 0; r < rows; r += 2) {
+        auto run = [&](auto two) {
+            constexpr int R = decltype(two)::value ? 2 : 1;
+            float *a = acc + r * d;
+            const float *w = weights + r * stride;
+            dim i = 0;
+            for (; i + slice <= d; i += slice)
+                add_weighted_slice<V, R, 4>(a, d, w, stride, token, used, values, i);
+            for (; i < d; i += V::width)
+                add_weighted_slice<V, R, 1>(a, d, w, stride, token, used, values, i);
+        };
+        r + 1 < rows ? run(std::true_type()) : run(std::false_type());
+    }
 }
 
 template <typename V>
@@ -179,7 +223,7 @@ void run_item_plain(const paged_attention_problem &p, const paged_attention_argu
     const dim rows = (item.last_token - item.first_token) * group;
     float *q = scratch + layout.q, *acc = scratch + layout.acc, *scores = scratch + layout.scores;
     float *row_max = scratch + layout.row_max, *row_sum = scratch + layout.row_sum;
-    float *k_row = scratch + layout.k_row, *v_row = scratch + layout.v_row;
+    float *k_row = scratch + layout.k_row, *v_chunk = scratch + layout.v_chunk;
 
     const item_rows rows_info = prepare_rows(p, a, item, q, acc, row_max, row_sum, partial);
     const bool k_per_token = rows_info.k_per_token, v_per_token = rows_info.v_per_token;
@@ -246,21 +290,23 @@ void run_item_plain(const paged_attention_problem &p, const paged_attention_argu
             }
         }
 
+        // The V rows some row weighs, dequantized side by side (a row masked for every row is not
+        // even read), then weighed into the accumulators.
+        dim token[chunk], used = 0;
         for (dim j = j0; j < j1; ++j) {
             const dim offset = j - logical_block * bs;
-            bool used = false;
-            for (dim r = 0; r < rows && !used; ++r)
-                used = scores[r * chunk + (j - j0)] != 0.f;
-            if (!used) continue; // masked for every row: the V row is not even read
+            bool weighed = false;
+            for (dim r = 0; r < rows && !weighed; ++r)
+                weighed = scores[r * chunk + (j - j0)] != 0.f;
+            if (!weighed) continue;
             const float v_scale =
                     v_per_token ? row_scale(a.v_scales, p.v_scales_mask, p, block, item.kv_head, offset)
                                 : 1.f;
-            dequantize_row<V>(v_base + (block * vs[0] + offset * vs[2]) * v_size, v_type, d, v_scale, v_row);
-            for (dim r = 0; r < rows; ++r) {
-                const float weight = scores[r * chunk + (j - j0)];
-                if (weight != 0.f) add_weighted<V>(acc + r * d, weight, v_row, d);
-            }
+            dequantize_row<V>(v_base + (block * vs[0] + offset * vs[2]) * v_size, v_type, d, v_scale,
+                              v_chunk + used * d);
+            token[used++] = j - j0;
         }
+        add_weighted_rows<V>(acc, rows, d, scores, chunk, token, used, v_chunk);
         j0 = j1;
     }
 
