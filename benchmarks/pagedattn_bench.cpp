@@ -10,7 +10,7 @@
 //
 //   pagedattn_bench [--csv PATH] [--filter decode|verify|prefill|reshape|cost] [--reps N] [--no-flush]
 //                  [--small-pages] [--context N] [--isa LIST] [--kv-heads N] [--block-size N]
-//                  [--scales per-token]
+//                  [--scales per-token] [--layout plain|packed]
 // --isa avx2,avx512,avx512_bf16,amx,all runs every case once per ISA cap of the list (the attribute
 // primitive_attr::set_max_cpu_isa on both primitives), so that one run compares the implementations:
 // the impl column names what each cap chose.
@@ -22,6 +22,9 @@
 // --scales per-token: the FP8 attention cases read one f32 scale per cached token and kv head for K
 // and for V, as reshape_and_cache's dynamic scales write them (the demo's cache); their cache column
 // says so and their GB/s count the scales' bytes. By default FP8 caches have no scales (1).
+// --layout plain: the attention cases' caches (--filter cost's too) in the plain layout, HND, which
+// every implementation reads but x64:avx512_bf16 and x64:amx (cache column "/plain"); packed is what
+// `any` resolves to for these shapes, the default.
 // reshape writes e4m3 with per-token scales and, as "f8_e4m3/tensor", with one per-tensor scale for K
 // and V each, into the packed layout, and as "f8_e4m3/plain" with per-token scales into vLLM's
 // [blocks, kv heads, block size, head size].
@@ -246,8 +249,9 @@ struct config {
     long context = 0;    // --context N: only the decode shapes of that context (while tuning a kernel)
     long kv_heads = 8;   // --kv-heads N (q heads 4N, batches x 8/N)
     long block_size = 0; // --block-size N (0: the defaults)
-    bool per_token_scales = false; // --scales per-token: FP8 attention cases read per-token scales
-    cpu_isa cap = cpu_isa::all;    // the cap of the current pass (--isa)
+    layout cache_layout = layout::any; // --layout plain: the attention cases' caches plain (HND)
+    bool per_token_scales = false;     // --scales per-token: FP8 attention cases read per-token scales
+    cpu_isa cap = cpu_isa::all;        // the cap of the current pass (--isa)
     std::unique_ptr<ceilings> machine;
     double dram = 0, matmul_bf16 = 0, matmul_f32 = 0; // measured at the start
     std::vector<row> rows;
@@ -293,7 +297,8 @@ struct attention_case {
     tensor_desc cache_md;
 
     attention_case(long batch_, long q_len_, long context_, long block_size_, data_type dt, bool causal_,
-                   bool huge_pages, cpu_isa cap, dim kv_heads = 8, bool per_token_scales = false)
+                   bool huge_pages, cpu_isa cap, dim kv_heads = 8, bool per_token_scales = false,
+                   layout cache_layout = layout::any)
         : batch(batch_), q_len(q_len_), context(context_), block_size(block_size_), cache_type(dt),
           causal(causal_), hq(4 * kv_heads), hkv(kv_heads) {
         dnnl::engine eng(dnnl::engine::kind::cpu, 0);
@@ -312,8 +317,8 @@ struct attention_case {
         pd = paged_attention::primitive_desc(
                 eng,
                 paged_attention::desc({ { runtime_dim, hq, d }, data_type::bf16 },
-                                      { { num_blocks, hkv, block_size, d }, dt, layout::any },
-                                      { { num_blocks, hkv, block_size, d }, dt, layout::any },
+                                      { { num_blocks, hkv, block_size, d }, dt, cache_layout },
+                                      { { num_blocks, hkv, block_size, d }, dt, cache_layout },
                                       { { runtime_dim, hq, d }, data_type::bf16 }, o),
                 attr);
         primitive = paged_attention(pd);
@@ -419,10 +424,13 @@ struct attention_case {
     }
 };
 
-// The cache column's width: wider for "f8_e4m3/token" (--scales per-token) and reshape's
-// "f8_e4m3/tensor".
+// The cache column's width: wider for "f8_e4m3/token" (--scales per-token), "/plain" (--layout
+// plain) and reshape's "f8_e4m3/tensor".
 int cache_column(const config &cfg) {
-    return cfg.wants("reshape") ? 14 : cfg.per_token_scales ? 13 : 8;
+    const bool plain = cfg.cache_layout == layout::plain;
+    return cfg.wants("reshape") || (plain && cfg.per_token_scales) ? 19
+           : cfg.per_token_scales || plain                         ? 13
+                                                                   : 8;
 }
 
 void print_row(const config &cfg, const row &r) {
@@ -440,7 +448,8 @@ void report(config &cfg, const std::string &kind, const attention_case &c, long 
             double ceiling, double walk = 0) {
     row r;
     r.kind = kind;
-    r.cache = std::string(data_type_name(c.cache_type)) + (c.k_scales.empty() ? "" : "/token");
+    r.cache = std::string(data_type_name(c.cache_type)) + (c.k_scales.empty() ? "" : "/token") +
+              (c.cache_md.get_layout() == layout::plain ? "/plain" : "");
     r.impl = c.pd.impl_info_str();
     r.batch = c.batch;
     r.q_len = c.q_len;
@@ -547,7 +556,7 @@ void run_attention(config &cfg) {
     auto add = [&](std::vector<attention_case> &cases, long batch, long q_len, long context, long block_size,
                    data_type dt) {
         cases.emplace_back(batch * scale, q_len, context, block_size, dt, true, cfg.huge_pages, cfg.cap,
-                           cfg.kv_heads, cfg.per_token_scales);
+                           cfg.kv_heads, cfg.per_token_scales, cfg.cache_layout);
     };
     if (cfg.wants("decode")) {
         // 1 and 8 sequences of one context alternate too: their GB/s are compared.
@@ -821,7 +830,8 @@ void run_cost(config &cfg) {
             std::vector<attention_case> cases;
             cases.reserve(2);
             for (long context : { short_context, long_context })
-                cases.emplace_back(1, q_len, context, 128, dt, true, cfg.huge_pages, cfg.cap);
+                cases.emplace_back(1, q_len, context, 128, dt, true, cfg.huge_pages, cfg.cap, 8, false,
+                                   cfg.cache_layout);
             std::vector<double> ns[2];
             time_two_alternating(
                     one_thread, 5, 10 * cfg.reps, [&](int i) { cases[i].run(s); }, ns);
@@ -832,9 +842,11 @@ void run_cost(config &cfg) {
             const double per_pair =
                     (long_ns - short_ns) / double((long_context - short_context) * cases[0].hkv);
             const double fixed = short_ns - per_pair * double(short_context * cases[0].hkv);
-            std::printf("cost     %-6s %-8s %-16s %7.2f ns %7.1f cycles per (token, kv head), %6.2f us per "
+            const std::string cache =
+                    std::string(data_type_name(dt)) + (cfg.cache_layout == layout::plain ? "/plain" : "");
+            std::printf("cost     %-6s %-18s %-16s %7.2f ns %7.1f cycles per (token, kv head), %6.2f us per "
                         "call\n",
-                        q_len == 1 ? "decode" : "verify", data_type_name(dt), cases[0].pd.impl_info_str(),
+                        q_len == 1 ? "decode" : "verify", cache.c_str(), cases[0].pd.impl_info_str(),
                         per_pair, per_pair * clock, fixed / 1e3);
         }
     // reshape_and_cache of bf16 rows (prefill's whole 16-token groups), per (token, kv head): one K
@@ -909,6 +921,13 @@ int main(int argc, char **argv) {
                 std::fprintf(stderr, "pagedattn_bench: --block-size takes a multiple of 16\n");
                 return 2;
             }
+        } else if (a == "--layout" && i + 1 < argc) {
+            const std::string l = argv[++i];
+            if (l != "plain" && l != "packed") {
+                std::fprintf(stderr, "pagedattn_bench: --layout takes plain or packed\n");
+                return 2;
+            }
+            cfg.cache_layout = l == "plain" ? layout::plain : layout::packed;
         } else if (a == "--scales" && i + 1 < argc) {
             if (std::string(argv[++i]) != "per-token") {
                 std::fprintf(stderr, "pagedattn_bench: --scales takes per-token\n");
@@ -932,10 +951,11 @@ int main(int argc, char **argv) {
                 start = end + 1;
             }
         } else {
-            std::printf("usage: %s [--csv PATH] [--filter decode|verify|prefill|reshape|cost] [--reps N] "
-                        "[--no-flush] [--small-pages] [--context N] [--isa avx2,avx512,avx512_bf16,amx,all] "
-                        "[--kv-heads 1|2|4|8] [--block-size N] [--scales per-token]\n",
-                        argv[0]);
+            std::printf(
+                    "usage: %s [--csv PATH] [--filter decode|verify|prefill|reshape|cost] [--reps N] "
+                    "[--no-flush] [--small-pages] [--context N] [--isa avx2,avx512,avx512_bf16,amx,all] "
+                    "[--kv-heads 1|2|4|8] [--block-size N] [--scales per-token] [--layout plain|packed]\n",
+                    argv[0]);
             return a == "--help" ? 0 : 2;
         }
     }
