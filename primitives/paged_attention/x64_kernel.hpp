@@ -284,10 +284,12 @@ void run_item_plain(const paged_attention_problem &p, const paged_attention_argu
                 padded[j] = j < n ? s[j] - new_max : -1e30f;
             for (dim j = 0; j < chunk; j += V::width)
                 V::store(padded + j, exp_negative<V>(V::load(padded + j)));
+            float sum = row_sum[r]; // (a local: through row_sum[r] each add waited for the last store)
             for (dim j = 0; j < n; ++j) {
                 s[j] = s[j] == minus_infinity ? 0.f : padded[j]; // masked scores weigh exactly 0
-                row_sum[r] += s[j];
+                sum += s[j];
             }
+            row_sum[r] = sum;
         }
 
         // The V rows some row weighs, dequantized side by side (a row masked for every row is not
