@@ -33,6 +33,11 @@ inline std::vector<attn_case> matrix_cases() {
                         .with_outliers());
     v.push_back(make_case("decode_213_f32cache", 32, 8, 128, 16, { { 1, 213 }, { 1, 1 } }, f16, f32, hnd)
                         .with_alibi());
+    // Speculative verify and decode with a head size of 40: x64:avx2's 8-lane loops end in a single
+    // vector (40 = 2 x 16 + 8), in the plain layout's rows of 4 q heads at once among them.
+    v.push_back(make_case("verify_d40", 8, 2, 40, 16, { { 4, 300 }, { 1, 57 } }, bf16, e4m3, hnd)
+                        .scales(token, token)
+                        .with_outliers());
     // Prefill.
     v.push_back(
             make_case("prefill_5_5_3_16", 4, 4, 96, 16, { { 5, 5 }, { 3, 16 } }, f32, f16, hnd).with_alibi());

@@ -158,6 +158,30 @@ template <typename V> float dot(const float *a, const float *b, dim n) {
     return V::reduce_add(V::add(s0, s1));
 }
 
+// The dot products of 4 rows (q, d floats apart) with one row k of d floats, k's loads shared and
+// the four horizontal sums taken together.
+template <typename V> void dot4(const float *q, dim d, const float *k, float *out) {
+    using reg = typename V::reg;
+    reg s[4][2];
+    for (auto &row : s)
+        row[0] = row[1] = V::zero();
+    dim i = 0;
+    for (; i + 2 * V::width <= d; i += 2 * V::width) {
+        const reg k0 = V::load(k + i), k1 = V::load(k + i + V::width);
+        for (int r = 0; r < 4; ++r) {
+            s[r][0] = V::fma(V::load(q + r * d + i), k0, s[r][0]);
+            s[r][1] = V::fma(V::load(q + r * d + i + V::width), k1, s[r][1]);
+        }
+    }
+    if (i < d) {
+        const reg k0 = V::load(k + i);
+        for (int r = 0; r < 4; ++r)
+            s[r][0] = V::fma(V::load(q + r * d + i), k0, s[r][0]);
+    }
+    V::reduce_add4(V::add(s[0][0], s[0][1]), V::add(s[1][0], s[1][1]), V::add(s[2][0], s[2][1]),
+                   V::add(s[3][0], s[3][1]), out);
+}
+
 // Dims i .. i + K vectors of R rows of acc (d floats apart) += each used token's weight for the row
 // (weights: R rows, `stride` apart, the token's at index token[u]) times its value row (values + u *
 // d), in registers. A weight of 0 (a token the row does not see, or whose weight underflowed) adds
@@ -251,16 +275,24 @@ void run_item_plain(const paged_attention_problem &p, const paged_attention_argu
                     k_per_token ? row_scale(a.k_scales, p.k_scales_mask, p, block, item.kv_head, offset)
                                 : 1.f;
             dequantize_row<V>(k_base + (block * ks[0] + offset * ks[2]) * k_size, k_type, d, k_scale, k_row);
-            for (dim r = 0; r < rows; ++r) {
+            auto score = [&](dim r, float x) { // x: row r's dot product, kept where j is visible to it
                 const dim position = context + item.first_token + r / group;
                 const kv_range visible = visible_range(o, position, seq_len);
-                if (j < visible.begin || j >= visible.end) continue;
-                float x = dot<V>(q + r * d, k_row, d);
+                if (j < visible.begin || j >= visible.end) return;
                 if (o.soft_cap > 0.f) x = o.soft_cap * std::tanh(x / o.soft_cap);
                 if (a.alibi_slopes)
                     x += a.alibi_slopes[item.kv_head * group + r % group] * static_cast<float>(j - position);
                 scores[r * chunk + (j - j0)] = x;
+            };
+            dim r = 0;
+            for (; r + 4 <= rows; r += 4) { // (the products of a row that does not see j are dropped)
+                float x[4];
+                dot4<V>(q + r * d, d, k_row, x);
+                for (int i = 0; i < 4; ++i)
+                    score(r + i, x[i]);
             }
+            for (; r < rows; ++r)
+                score(r, dot<V>(q + r * d, k_row, d));
         }
 
         for (dim r = 0; r < rows; ++r) {
