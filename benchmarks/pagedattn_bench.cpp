@@ -618,14 +618,14 @@ struct reshape_case {
 
     bool per_tensor; // one scale for K and V each, else per-token scales
     bool plain;
-    bool one_by_one = false; // the slots of each 16 tokens reversed: each token written alone
+    bool one_by_one; // the slots of each 16 tokens reversed (one_by_one_slots): each token written alone
 
     // key, value: at least `tokens` rows; slots: 0, 1, ...
     reshape_case(dim tokens_, data_type dt, const big_array<uint16_t> &key, const big_array<uint16_t> &value,
                  const std::vector<int64_t> &slots, bool huge_pages, cpu_isa cap, float per_tensor_scale = 0,
-                 bool plain_ = false)
+                 bool plain_ = false, bool one_by_one_ = false)
         : tokens(tokens_), blocks((tokens_ + bs - 1) / bs), cache_type(dt), per_tensor(per_tensor_scale > 0),
-          plain(plain_) {
+          plain(plain_), one_by_one(one_by_one_) {
         dnnl::engine eng(dnnl::engine::kind::cpu, 0);
         primitive_attr attr;
         attr.set_max_cpu_isa(cap);
@@ -872,8 +872,7 @@ void run_cost(config &cfg) {
         cases.reserve(2);
         for (dim tokens : { short_tokens, long_tokens }) {
             cases.emplace_back(tokens, k.dt, key, value, k.one_by_one ? alone : slots, cfg.huge_pages,
-                               cfg.cap, k.per_tensor_scale, k.plain);
-            cases.back().one_by_one = k.one_by_one;
+                               cfg.cap, k.per_tensor_scale, k.plain, k.one_by_one);
         }
         std::vector<double> ns[2];
         time_two_alternating(
